@@ -1,0 +1,38 @@
+// Backend choice for dense attention.
+#include "attn2d/attention.h"
+
+#include "cpu/attention_cpu.h"
+#include "reference/attention_reference.h"
+
+namespace attn2d {
+
+const char* backend_name(Backend backend) {
+  switch (backend) {
+    case Backend::kAuto:
+      return "auto";
+    case Backend::kReference:
+      return "reference";
+    case Backend::kCpu:
+      return "cpu";
+  }
+  return "unknown";
+}
+
+Status attention_forward(const AttentionParams& params, const Host& host, Backend backend) {
+  Status s = validate(params);
+  if (!s.ok()) return s;
+  if (backend == Backend::kReference) return reference::attention_forward(params);
+  return cpu::attention_forward(params, host);
+}
+
+Status attention_backward(const AttentionBackwardParams& params, const Host& host,
+                          Backend backend) {
+  Status s = validate(params);
+  if (!s.ok()) return s;
+  if (backend == Backend::kReference) return reference::attention_backward(params);
+  return cpu::attention_backward(params, host);
+}
+
+const char* cpu_simd_target() { return cpu::simd_target_name(); }
+
+}  // namespace attn2d

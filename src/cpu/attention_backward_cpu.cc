@@ -1,0 +1,275 @@
+// Fused backward that recomputes the probabilities tile by tile from q, k and the forward's
+// log-sum-exp; no len_q x len_k buffer exists at any time.
+//
+// Deterministic without atomics: pass 1 gives each task one (batch, head, key tile) and walks
+// the query tiles that see it, accumulating dK and dV in its own scratch; pass 2 gives each task
+// one (batch, head, query tile) and walks its key tiles, accumulating dQ. Every sum therefore
+// runs in a fixed order whatever the thread count. The price is recomputing Q*K^T and dO*V^T
+// once more in pass 2 (7 tile products instead of 5).
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "src/cpu/attention_backward_cpu.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "attn2d/attention_params.h"
+#include "attn2d/host.h"
+#include "attn2d/status.h"
+#include "core/strided.h"
+#include "core/workspace.h"
+#include "cpu/attention_cpu.h"
+#include "cpu/scratch.h"
+#include "cpu/tile_ops-inl.h"
+#include "cpu/tiling.h"
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace attn2d {
+namespace cpu {
+namespace HWY_NAMESPACE {
+
+template <typename T>
+struct BackwardPlan {
+  const AttentionBackwardParams* bp;
+  TileSizes tiles;
+  size_t dim_qk_pad, dim_v_pad;  // E and Ev rounded up to the vector length
+  std::int64_t q_tiles, k_tiles;
+  size_t scratch_elems;  // per thread
+  T* workspace;
+
+  struct Arrays {
+    T *kt, *vt, *k, *q, *dout, *s, *dp, *dk, *dv, *dq, *delta, *lse;
+    size_t elems;
+  };
+  // Lays out one thread's arrays at base (null: only counts them into `elems`).
+  Arrays carve(T* base) const {
+    const size_t bq = tiles.block_q, bk = tiles.block_k;
+    const size_t E = static_cast<size_t>(bp->fwd.dim_qk), Ev = static_cast<size_t>(bp->fwd.dim_v);
+    ScratchCarver<T> c(base);
+    Arrays a;
+    a.kt = c.take(E * bk);             // (E, block_k): B of S = Q K^T
+    a.vt = c.take(Ev * bk);            // (Ev, block_k): B of dP = dO V^T
+    a.k = c.take(bk * dim_qk_pad);     // (block_k, E_pad): B of dQ += dS K (pass 2)
+    a.q = c.take(bq * dim_qk_pad);     // (block_q, E_pad), times scale: A of S, B of dK
+    a.dout = c.take(bq * dim_v_pad);   // (block_q, Ev_pad): A of dP, B of dV
+    a.s = c.take(bq * bk);             // (block_q, block_k): scores, then P
+    a.dp = c.take(bq * bk);            // (block_q, block_k): dP, then dS
+    a.dk = c.take(bk * dim_qk_pad);    // (block_k, E_pad) accumulator (pass 1)
+    a.dv = c.take(bk * dim_v_pad);     // (block_k, Ev_pad) accumulator (pass 1)
+    a.dq = c.take(bq * dim_qk_pad);    // (block_q, E_pad) accumulator (pass 2)
+    a.delta = c.take(bq);              // rowsum(dO * O)
+    a.lse = c.take(bq);
+    a.elems = c.used();
+    return a;
+  }
+};
+
+// Packs the query-side tile (rows i0..i0+rows of slice b, h): scaled q, dO, delta and lse.
+template <typename T>
+HWY_INLINE void PackQueryTile(const AttentionBackwardParams& bp, const BackwardPlan<T>& plan,
+                              std::int64_t b, std::int64_t h, std::int64_t i0, size_t rows,
+                              const typename BackwardPlan<T>::Arrays& a) {
+  const AttentionParams& p = bp.fwd;
+  const size_t E = static_cast<size_t>(p.dim_qk), Ev = static_cast<size_t>(p.dim_v);
+  PackRows(static_cast<const T*>(p.q) + offset4(p.q_stride, b, h, i0, 0), p.q_stride[2],
+           p.q_stride[3], rows, E, static_cast<T>(p.scale), a.q, plan.dim_qk_pad, rows);
+  PackRows(static_cast<const T*>(bp.dout) + offset4(bp.dout_stride, b, h, i0, 0),
+           bp.dout_stride[2], bp.dout_stride[3], rows, Ev, T(1), a.dout, plan.dim_v_pad, rows);
+  const T* out = static_cast<const T*>(p.out) + offset4(p.out_stride, b, h, i0, 0);
+  const T* lse = static_cast<const T*>(p.lse);
+  for (size_t r = 0; r < rows; ++r) {
+    const T* o = out + static_cast<std::int64_t>(r) * p.out_stride[2];
+    const T* g = a.dout + r * plan.dim_v_pad;
+    T delta = 0;
+    for (size_t e = 0; e < Ev; ++e) delta += g[e] * o[static_cast<std::int64_t>(e) * p.out_stride[3]];
+    a.delta[r] = delta;
+    a.lse[r] = lse[b * p.lse_stride[0] + h * p.lse_stride[1] +
+                   (i0 + static_cast<std::int64_t>(r)) * p.lse_stride[2]];
+  }
+}
+
+// Recomputes P (into a.s) and dS (into a.dp) for one (query tile, key tile) pair whose query
+// side is packed and whose key side is in a.kt and a.vt.
+template <typename T>
+HWY_INLINE void ProbabilitiesAndScoreGrad(const BackwardPlan<T>& plan, const SliceMask<T>& mask,
+                                          std::int64_t i0, size_t rows, std::int64_t j0,
+                                          size_t cols, size_t cols_pad,
+                                          const typename BackwardPlan<T>::Arrays& a) {
+  constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+  const size_t bk = static_cast<size_t>(plan.tiles.block_k);
+  const size_t E = static_cast<size_t>(plan.bp->fwd.dim_qk);
+  const size_t Ev = static_cast<size_t>(plan.bp->fwd.dim_v);
+  Gemm<false>(rows, cols_pad, E, a.q, plan.dim_qk_pad, 1, a.kt, bk, a.s, bk);
+  MaskTile(a.s, bk, rows, cols, cols_pad, i0, j0, mask);
+  Gemm<false>(rows, cols_pad, Ev, a.dout, plan.dim_v_pad, 1, a.vt, bk, a.dp, bk);
+  for (size_t r = 0; r < rows; ++r) {
+    T* s = a.s + r * bk;
+    if (a.lse[r] == kNegInf) {  // fully masked row: P = 0, so every gradient term is 0
+      ZeroRow(s, cols_pad);
+    } else {
+      ExpShiftSum(s, cols_pad, a.lse[r]);
+    }
+    SoftmaxGradRow(s, a.dp + r * bk, cols_pad, a.delta[r]);
+  }
+}
+
+// Packs the key-side tile (keys j0..j0+cols): K^T, V^T and, for pass 2, K row-major.
+template <typename T>
+HWY_INLINE void PackKeyTile(const AttentionParams& p, const BackwardPlan<T>& plan,
+                            std::int64_t b, std::int64_t h, std::int64_t j0, size_t cols,
+                            size_t cols_pad, bool row_major_k,
+                            const typename BackwardPlan<T>::Arrays& a) {
+  const size_t bk = static_cast<size_t>(plan.tiles.block_k);
+  const size_t E = static_cast<size_t>(p.dim_qk), Ev = static_cast<size_t>(p.dim_v);
+  const T* k = static_cast<const T*>(p.k) + offset4(p.k_stride, b, h, j0, 0);
+  const T* v = static_cast<const T*>(p.v) + offset4(p.v_stride, b, h, j0, 0);
+  PackTransposed(k, p.k_stride[2], p.k_stride[3], cols, E, a.kt, bk, cols_pad);
+  PackTransposed(v, p.v_stride[2], p.v_stride[3], cols, Ev, a.vt, bk, cols_pad);
+  if (row_major_k) {
+    PackRows(k, p.k_stride[2], p.k_stride[3], cols, E, T(1), a.k, plan.dim_qk_pad, cols);
+  }
+}
+
+// Writes rows x cols of a dense (ld) tile to a strided output slice, times alpha.
+template <typename T>
+HWY_INLINE void StoreTile(const T* src, size_t ld, size_t rows, size_t cols, T alpha, T* dst,
+                          std::int64_t rs, std::int64_t cs) {
+  for (size_t r = 0; r < rows; ++r) {
+    T* o = dst + static_cast<std::int64_t>(r) * rs;
+    for (size_t c = 0; c < cols; ++c) o[static_cast<std::int64_t>(c) * cs] = alpha * src[r * ld + c];
+  }
+}
+
+// Pass 1: dK and dV of one key tile.
+template <typename T>
+void KeyTileTask(void* ctx, std::int64_t task, int thread) {
+  const BackwardPlan<T>& plan = *static_cast<const BackwardPlan<T>*>(ctx);
+  const AttentionBackwardParams& bp = *plan.bp;
+  const AttentionParams& p = bp.fwd;
+  const size_t L = VectorLanes<T>();
+  const size_t bk = static_cast<size_t>(plan.tiles.block_k);
+  const std::int64_t bh = task / plan.k_tiles;
+  const std::int64_t b = bh / p.heads, h = bh % p.heads;
+  const std::int64_t j0 = (task % plan.k_tiles) * plan.tiles.block_k;
+  const size_t cols = static_cast<size_t>(std::min(plan.tiles.block_k, p.len_k - j0));
+  const size_t cols_pad = (cols + L - 1) / L * L;
+  const auto a = plan.carve(plan.workspace + static_cast<size_t>(thread) * plan.scratch_elems);
+  const SliceMask<T> mask = slice_mask<T>(p, b, h);
+
+  PackKeyTile(p, plan, b, h, j0, cols, cols_pad, /*row_major_k=*/false, a);
+  std::fill(a.dk, a.dk + cols * plan.dim_qk_pad, T(0));
+  std::fill(a.dv, a.dv + cols * plan.dim_v_pad, T(0));
+  // Causal: only queries i >= j0 see this tile.
+  const std::int64_t first_q =
+      p.is_causal ? j0 / plan.tiles.block_q * plan.tiles.block_q : 0;
+  for (std::int64_t i0 = first_q; i0 < p.len_q; i0 += plan.tiles.block_q) {
+    const size_t rows = static_cast<size_t>(std::min(plan.tiles.block_q, p.len_q - i0));
+    PackQueryTile(bp, plan, b, h, i0, rows, a);
+    ProbabilitiesAndScoreGrad(plan, mask, i0, rows, j0, cols, cols_pad, a);
+    // dV += P^T dO and dK += dS^T (scale q): A is the transposed tile (a_rs = 1, a_ks = bk).
+    Gemm<true>(cols, plan.dim_v_pad, rows, a.s, 1, bk, a.dout, plan.dim_v_pad, a.dv,
+               plan.dim_v_pad);
+    Gemm<true>(cols, plan.dim_qk_pad, rows, a.dp, 1, bk, a.q, plan.dim_qk_pad, a.dk,
+               plan.dim_qk_pad);
+  }
+  StoreTile(a.dk, plan.dim_qk_pad, cols, static_cast<size_t>(p.dim_qk), T(1),
+            static_cast<T*>(bp.dk) + offset4(bp.dk_stride, b, h, j0, 0), bp.dk_stride[2],
+            bp.dk_stride[3]);
+  StoreTile(a.dv, plan.dim_v_pad, cols, static_cast<size_t>(p.dim_v), T(1),
+            static_cast<T*>(bp.dv) + offset4(bp.dv_stride, b, h, j0, 0), bp.dv_stride[2],
+            bp.dv_stride[3]);
+}
+
+// Pass 2: dQ of one query tile.
+template <typename T>
+void QueryTileTask(void* ctx, std::int64_t task, int thread) {
+  const BackwardPlan<T>& plan = *static_cast<const BackwardPlan<T>*>(ctx);
+  const AttentionBackwardParams& bp = *plan.bp;
+  const AttentionParams& p = bp.fwd;
+  const size_t L = VectorLanes<T>();
+  const size_t bk = static_cast<size_t>(plan.tiles.block_k);
+  const std::int64_t bh = task / plan.q_tiles;
+  const std::int64_t b = bh / p.heads, h = bh % p.heads;
+  const std::int64_t i0 = (task % plan.q_tiles) * plan.tiles.block_q;
+  const size_t rows = static_cast<size_t>(std::min(plan.tiles.block_q, p.len_q - i0));
+  const auto a = plan.carve(plan.workspace + static_cast<size_t>(thread) * plan.scratch_elems);
+  const SliceMask<T> mask = slice_mask<T>(p, b, h);
+
+  PackQueryTile(bp, plan, b, h, i0, rows, a);
+  std::fill(a.dq, a.dq + rows * plan.dim_qk_pad, T(0));
+  const std::int64_t key_end =
+      p.is_causal ? std::min<std::int64_t>(p.len_k, i0 + static_cast<std::int64_t>(rows))
+                  : p.len_k;
+  for (std::int64_t j0 = 0; j0 < key_end; j0 += plan.tiles.block_k) {
+    const size_t cols = static_cast<size_t>(std::min(plan.tiles.block_k, p.len_k - j0));
+    const size_t cols_pad = (cols + L - 1) / L * L;
+    PackKeyTile(p, plan, b, h, j0, cols, cols_pad, /*row_major_k=*/true, a);
+    ProbabilitiesAndScoreGrad(plan, mask, i0, rows, j0, cols, cols_pad, a);
+    Gemm<true>(rows, plan.dim_qk_pad, cols, a.dp, bk, 1, a.k, plan.dim_qk_pad, a.dq,
+               plan.dim_qk_pad);
+  }
+  StoreTile(a.dq, plan.dim_qk_pad, rows, static_cast<size_t>(p.dim_qk),
+            static_cast<T>(p.scale), static_cast<T*>(bp.dq) + offset4(bp.dq_stride, b, h, i0, 0),
+            bp.dq_stride[2], bp.dq_stride[3]);
+}
+
+template <typename T>
+Status Backward(const AttentionBackwardParams& bp, const Host& host) {
+  const AttentionParams& p = bp.fwd;
+  if (p.batch == 0 || p.heads == 0) return Status::Ok();
+  const size_t L = VectorLanes<T>();
+  BackwardPlan<T> plan;
+  plan.bp = &bp;
+  plan.tiles =
+      choose_tiles(p.len_q, p.len_k, p.dim_qk, p.dim_v, sizeof(T), std::max<size_t>(L, 16));
+  plan.dim_qk_pad = static_cast<size_t>(round_up(p.dim_qk, static_cast<std::int64_t>(L)));
+  plan.dim_v_pad = static_cast<size_t>(round_up(p.dim_v, static_cast<std::int64_t>(L)));
+  plan.q_tiles = (p.len_q + plan.tiles.block_q - 1) / plan.tiles.block_q;
+  plan.k_tiles = (p.len_k + plan.tiles.block_k - 1) / plan.tiles.block_k;
+  plan.scratch_elems = plan.carve(nullptr).elems;
+  const int threads = std::max(host.num_threads, 1);
+  const size_t bytes = plan.scratch_elems * sizeof(T) * static_cast<size_t>(threads);
+  Workspace ws(host);
+  if (!ws.allocate(bytes)) {
+    return Status::OutOfMemory("attention_backward: the host could not allocate " +
+                               std::to_string(bytes) + " bytes of workspace");
+  }
+  plan.workspace = reinterpret_cast<T*>(ws.data());
+  run_tasks(host, p.batch * p.heads * plan.k_tiles, &plan, KeyTileTask<T>);
+  run_tasks(host, p.batch * p.heads * plan.q_tiles, &plan, QueryTileTask<T>);
+  return Status::Ok();
+}
+
+Status BackwardFloat32(const AttentionBackwardParams& p, const Host& host) {
+  return Backward<float>(p, host);
+}
+Status BackwardFloat64(const AttentionBackwardParams& p, const Host& host) {
+  return Backward<double>(p, host);
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace cpu
+}  // namespace attn2d
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace attn2d {
+namespace cpu {
+
+HWY_EXPORT(BackwardFloat32);
+HWY_EXPORT(BackwardFloat64);
+
+Status attention_backward(const AttentionBackwardParams& params, const Host& host) {
+  if (params.fwd.dtype == DType::kFloat64) {
+    return HWY_DYNAMIC_DISPATCH(BackwardFloat64)(params, host);
+  }
+  return HWY_DYNAMIC_DISPATCH(BackwardFloat32)(params, host);
+}
+
+}  // namespace cpu
+}  // namespace attn2d
+#endif  // HWY_ONCE

@@ -1,0 +1,296 @@
+// Per-target building blocks of the tiled attention kernels: packing strided tensors into
+// tiles, one register-blocked GEMM micro-kernel, row-wise softmax pieces, tile masking.
+// Included once per SIMD target by foreach_target.h (hence the toggle guard below).
+
+#if defined(ATTN2D_SRC_CPU_TILE_OPS_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef ATTN2D_SRC_CPU_TILE_OPS_INL_H_
+#undef ATTN2D_SRC_CPU_TILE_OPS_INL_H_
+#else
+#define ATTN2D_SRC_CPU_TILE_OPS_INL_H_
+#endif
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+
+#include "core/strided.h"
+#include "hwy/contrib/math/math-inl.h"
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace attn2d {
+namespace cpu {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+template <typename T>
+HWY_INLINE size_t VectorLanes() {
+  return hn::Lanes(hn::ScalableTag<T>());
+}
+
+// ---------------------------------------------------------------------------------------------
+// GEMM micro-kernel.
+// C (M x N, row stride ldc) = [C +] A * B, where A(m, k) = A[m * a_rs + k * a_ks] is read one
+// scalar at a time and broadcast, and B (K x N, row stride ldb) is read in vectors. N must be a
+// multiple of the vector length. Because A may be any strided view, this one kernel serves
+// Q*K^T, P*V, dO*V^T, P^T*dO, dS^T*Q and dS*K.
+
+template <bool kAccumulate, class D, typename T>
+HWY_INLINE void Block4x2(D d, size_t K, const T* HWY_RESTRICT A, size_t a_rs, size_t a_ks,
+                         const T* HWY_RESTRICT B, size_t ldb, T* HWY_RESTRICT C, size_t ldc) {
+  const size_t L = hn::Lanes(d);
+  auto c00 = kAccumulate ? hn::LoadU(d, C + 0 * ldc) : hn::Zero(d);
+  auto c01 = kAccumulate ? hn::LoadU(d, C + 0 * ldc + L) : hn::Zero(d);
+  auto c10 = kAccumulate ? hn::LoadU(d, C + 1 * ldc) : hn::Zero(d);
+  auto c11 = kAccumulate ? hn::LoadU(d, C + 1 * ldc + L) : hn::Zero(d);
+  auto c20 = kAccumulate ? hn::LoadU(d, C + 2 * ldc) : hn::Zero(d);
+  auto c21 = kAccumulate ? hn::LoadU(d, C + 2 * ldc + L) : hn::Zero(d);
+  auto c30 = kAccumulate ? hn::LoadU(d, C + 3 * ldc) : hn::Zero(d);
+  auto c31 = kAccumulate ? hn::LoadU(d, C + 3 * ldc + L) : hn::Zero(d);
+  const T* a0 = A;
+  const T* a1 = A + a_rs;
+  const T* a2 = A + 2 * a_rs;
+  const T* a3 = A + 3 * a_rs;
+  for (size_t k = 0; k < K; ++k) {
+    const auto b0 = hn::LoadU(d, B + k * ldb);
+    const auto b1 = hn::LoadU(d, B + k * ldb + L);
+    const size_t ak = k * a_ks;
+    auto a = hn::Set(d, a0[ak]);
+    c00 = hn::MulAdd(a, b0, c00);
+    c01 = hn::MulAdd(a, b1, c01);
+    a = hn::Set(d, a1[ak]);
+    c10 = hn::MulAdd(a, b0, c10);
+    c11 = hn::MulAdd(a, b1, c11);
+    a = hn::Set(d, a2[ak]);
+    c20 = hn::MulAdd(a, b0, c20);
+    c21 = hn::MulAdd(a, b1, c21);
+    a = hn::Set(d, a3[ak]);
+    c30 = hn::MulAdd(a, b0, c30);
+    c31 = hn::MulAdd(a, b1, c31);
+  }
+  hn::StoreU(c00, d, C + 0 * ldc);
+  hn::StoreU(c01, d, C + 0 * ldc + L);
+  hn::StoreU(c10, d, C + 1 * ldc);
+  hn::StoreU(c11, d, C + 1 * ldc + L);
+  hn::StoreU(c20, d, C + 2 * ldc);
+  hn::StoreU(c21, d, C + 2 * ldc + L);
+  hn::StoreU(c30, d, C + 3 * ldc);
+  hn::StoreU(c31, d, C + 3 * ldc + L);
+}
+
+template <bool kAccumulate, class D, typename T>
+HWY_INLINE void Block4x1(D d, size_t K, const T* HWY_RESTRICT A, size_t a_rs, size_t a_ks,
+                         const T* HWY_RESTRICT B, size_t ldb, T* HWY_RESTRICT C, size_t ldc) {
+  auto c0 = kAccumulate ? hn::LoadU(d, C + 0 * ldc) : hn::Zero(d);
+  auto c1 = kAccumulate ? hn::LoadU(d, C + 1 * ldc) : hn::Zero(d);
+  auto c2 = kAccumulate ? hn::LoadU(d, C + 2 * ldc) : hn::Zero(d);
+  auto c3 = kAccumulate ? hn::LoadU(d, C + 3 * ldc) : hn::Zero(d);
+  for (size_t k = 0; k < K; ++k) {
+    const auto b = hn::LoadU(d, B + k * ldb);
+    const size_t ak = k * a_ks;
+    c0 = hn::MulAdd(hn::Set(d, A[ak]), b, c0);
+    c1 = hn::MulAdd(hn::Set(d, A[a_rs + ak]), b, c1);
+    c2 = hn::MulAdd(hn::Set(d, A[2 * a_rs + ak]), b, c2);
+    c3 = hn::MulAdd(hn::Set(d, A[3 * a_rs + ak]), b, c3);
+  }
+  hn::StoreU(c0, d, C + 0 * ldc);
+  hn::StoreU(c1, d, C + 1 * ldc);
+  hn::StoreU(c2, d, C + 2 * ldc);
+  hn::StoreU(c3, d, C + 3 * ldc);
+}
+
+template <bool kAccumulate, class D, typename T>
+HWY_INLINE void Block1x2(D d, size_t K, const T* HWY_RESTRICT A, size_t a_ks,
+                         const T* HWY_RESTRICT B, size_t ldb, T* HWY_RESTRICT C) {
+  const size_t L = hn::Lanes(d);
+  auto c0 = kAccumulate ? hn::LoadU(d, C) : hn::Zero(d);
+  auto c1 = kAccumulate ? hn::LoadU(d, C + L) : hn::Zero(d);
+  for (size_t k = 0; k < K; ++k) {
+    const auto a = hn::Set(d, A[k * a_ks]);
+    c0 = hn::MulAdd(a, hn::LoadU(d, B + k * ldb), c0);
+    c1 = hn::MulAdd(a, hn::LoadU(d, B + k * ldb + L), c1);
+  }
+  hn::StoreU(c0, d, C);
+  hn::StoreU(c1, d, C + L);
+}
+
+template <bool kAccumulate, class D, typename T>
+HWY_INLINE void Block1x1(D d, size_t K, const T* HWY_RESTRICT A, size_t a_ks,
+                         const T* HWY_RESTRICT B, size_t ldb, T* HWY_RESTRICT C) {
+  auto c0 = kAccumulate ? hn::LoadU(d, C) : hn::Zero(d);
+  for (size_t k = 0; k < K; ++k) {
+    c0 = hn::MulAdd(hn::Set(d, A[k * a_ks]), hn::LoadU(d, B + k * ldb), c0);
+  }
+  hn::StoreU(c0, d, C);
+}
+
+template <bool kAccumulate, typename T>
+HWY_NOINLINE void Gemm(size_t M, size_t N, size_t K, const T* HWY_RESTRICT A, size_t a_rs,
+                       size_t a_ks, const T* HWY_RESTRICT B, size_t ldb, T* HWY_RESTRICT C,
+                       size_t ldc) {
+  const hn::ScalableTag<T> d;
+  const size_t L = hn::Lanes(d);
+  size_t n = 0;
+  // Column panels outermost: a K x 2L panel of B stays in L1 while every row block uses it.
+  for (; n + 2 * L <= N; n += 2 * L) {
+    size_t m = 0;
+    for (; m + 4 <= M; m += 4) {
+      Block4x2<kAccumulate>(d, K, A + m * a_rs, a_rs, a_ks, B + n, ldb, C + m * ldc + n, ldc);
+    }
+    for (; m < M; ++m) {
+      Block1x2<kAccumulate>(d, K, A + m * a_rs, a_ks, B + n, ldb, C + m * ldc + n);
+    }
+  }
+  for (; n < N; n += L) {
+    size_t m = 0;
+    for (; m + 4 <= M; m += 4) {
+      Block4x1<kAccumulate>(d, K, A + m * a_rs, a_rs, a_ks, B + n, ldb, C + m * ldc + n, ldc);
+    }
+    for (; m < M; ++m) {
+      Block1x1<kAccumulate>(d, K, A + m * a_rs, a_ks, B + n, ldb, C + m * ldc + n);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Row operations on score tiles; n is a multiple of the vector length.
+
+template <typename T>
+HWY_INLINE T RowMax(const T* HWY_RESTRICT x, size_t n) {
+  const hn::ScalableTag<T> d;
+  const size_t L = hn::Lanes(d);
+  auto m = hn::Set(d, -std::numeric_limits<T>::infinity());
+  for (size_t j = 0; j < n; j += L) m = hn::Max(m, hn::LoadU(d, x + j));
+  return hn::GetLane(hn::MaxOfLanes(d, m));
+}
+
+template <typename T>
+HWY_INLINE bool RowHasNaN(const T* HWY_RESTRICT x, size_t n) {
+  const hn::ScalableTag<T> d;
+  const size_t L = hn::Lanes(d);
+  for (size_t j = 0; j < n; j += L) {
+    const auto v = hn::LoadU(d, x + j);
+    if (!hn::AllFalse(d, hn::Ne(v, v))) return true;
+  }
+  return false;
+}
+
+// x = exp(x - shift) in place; returns the sum. Highway's Exp maps NaN to 0, so NaN lanes are
+// put back: a NaN score must give a NaN output, as naive attention does, not a silent 0.
+template <typename T>
+HWY_INLINE T ExpShiftSum(T* HWY_RESTRICT x, size_t n, T shift) {
+  const hn::ScalableTag<T> d;
+  const size_t L = hn::Lanes(d);
+  const auto vshift = hn::Set(d, shift);
+  auto sum = hn::Zero(d);
+  for (size_t j = 0; j < n; j += L) {
+    const auto arg = hn::Sub(hn::LoadU(d, x + j), vshift);
+    const auto p = hn::IfThenElse(hn::Ne(arg, arg), arg, hn::Exp(d, arg));
+    hn::StoreU(p, d, x + j);
+    sum = hn::Add(sum, p);
+  }
+  return hn::GetLane(hn::SumOfLanes(d, sum));
+}
+
+template <typename T>
+HWY_INLINE void ScaleRow(T* HWY_RESTRICT x, size_t n, T a) {
+  const hn::ScalableTag<T> d;
+  const size_t L = hn::Lanes(d);
+  const auto va = hn::Set(d, a);
+  for (size_t j = 0; j < n; j += L) hn::StoreU(hn::Mul(hn::LoadU(d, x + j), va), d, x + j);
+}
+
+template <typename T>
+HWY_INLINE void ZeroRow(T* HWY_RESTRICT x, size_t n) {
+  const hn::ScalableTag<T> d;
+  const size_t L = hn::Lanes(d);
+  for (size_t j = 0; j < n; j += L) hn::StoreU(hn::Zero(d), d, x + j);
+}
+
+// dp = p * (dp - D): the softmax backward of one row, in place over dP.
+template <typename T>
+HWY_INLINE void SoftmaxGradRow(const T* HWY_RESTRICT p, T* HWY_RESTRICT dp, size_t n, T D) {
+  const hn::ScalableTag<T> d;
+  const size_t L = hn::Lanes(d);
+  const auto vD = hn::Set(d, D);
+  for (size_t j = 0; j < n; j += L) {
+    const auto g = hn::Mul(hn::LoadU(d, p + j), hn::Sub(hn::LoadU(d, dp + j), vD));
+    hn::StoreU(g, d, dp + j);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Packing: strided tensor slices into dense tiles (the only reads of user memory).
+
+// dst[r * ld + c] = alpha * src[r * rs + c * cs] for r < rows, c < cols; zero for
+// c in [cols, ld) and for r in [rows, rows_pad).
+template <typename T>
+HWY_INLINE void PackRows(const T* HWY_RESTRICT src, std::int64_t rs, std::int64_t cs, size_t rows,
+                         size_t cols, T alpha, T* HWY_RESTRICT dst, size_t ld, size_t rows_pad) {
+  for (size_t r = 0; r < rows; ++r) {
+    const T* s = src + static_cast<std::int64_t>(r) * rs;
+    T* o = dst + r * ld;
+    if (cs == 1) {
+      for (size_t c = 0; c < cols; ++c) o[c] = alpha * s[c];
+    } else {
+      for (size_t c = 0; c < cols; ++c) o[c] = alpha * s[static_cast<std::int64_t>(c) * cs];
+    }
+    for (size_t c = cols; c < ld; ++c) o[c] = T(0);
+  }
+  for (size_t r = rows; r < rows_pad; ++r) {
+    for (size_t c = 0; c < ld; ++c) dst[r * ld + c] = T(0);
+  }
+}
+
+// dst[c * ld + r] = src[r * rs + c * cs] for r < rows, c < cols; zero for r in [rows, rows_pad).
+template <typename T>
+HWY_INLINE void PackTransposed(const T* HWY_RESTRICT src, std::int64_t rs, std::int64_t cs,
+                               size_t rows, size_t cols, T* HWY_RESTRICT dst, size_t ld,
+                               size_t rows_pad) {
+  for (size_t r = 0; r < rows; ++r) {
+    const T* s = src + static_cast<std::int64_t>(r) * rs;
+    for (size_t c = 0; c < cols; ++c) dst[c * ld + r] = s[static_cast<std::int64_t>(c) * cs];
+  }
+  for (size_t c = 0; c < cols; ++c) {
+    for (size_t r = rows; r < rows_pad; ++r) dst[c * ld + r] = T(0);
+  }
+}
+
+// Applies the mask to a score tile whose top-left element is (query i0, key j0): columns in
+// [cols, cols_pad) are padding past len_k and always masked.
+template <typename T>
+HWY_INLINE void MaskTile(T* HWY_RESTRICT S, size_t ld, size_t rows, size_t cols, size_t cols_pad,
+                         std::int64_t i0, std::int64_t j0, const SliceMask<T>& mask) {
+  constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+  if (cols < cols_pad) {
+    for (size_t r = 0; r < rows; ++r) {
+      for (size_t c = cols; c < cols_pad; ++c) S[r * ld + c] = kNegInf;
+    }
+  }
+  if (mask.kind == MaskKind::kNone) {
+    // Causal: only tiles that straddle the diagonal need work.
+    if (!mask.causal || j0 + static_cast<std::int64_t>(cols) - 1 <= i0) return;
+    for (size_t r = 0; r < rows; ++r) {
+      const std::int64_t first_masked = i0 + static_cast<std::int64_t>(r) + 1 - j0;
+      for (std::int64_t c = first_masked < 0 ? 0 : first_masked;
+           c < static_cast<std::int64_t>(cols); ++c) {
+        S[r * ld + static_cast<size_t>(c)] = kNegInf;
+      }
+    }
+    return;
+  }
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t c = 0; c < cols; ++c) {
+      S[r * ld + c] = mask.apply(S[r * ld + c], i0 + static_cast<std::int64_t>(r),
+                                 j0 + static_cast<std::int64_t>(c));
+    }
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace cpu
+}  // namespace attn2d
+HWY_AFTER_NAMESPACE();
+
+#endif  // ATTN2D_SRC_CPU_TILE_OPS_INL_H_

@@ -1,0 +1,29 @@
+#include "cpu/tiling.h"
+
+#include <algorithm>
+
+namespace attn2d {
+namespace cpu {
+
+TileSizes choose_tiles(std::int64_t len_q, std::int64_t len_k, std::int64_t dim_qk,
+                       std::int64_t dim_v, std::size_t elem_bytes, std::size_t granule) {
+  const std::int64_t g = static_cast<std::int64_t>(std::max<std::size_t>(granule, 1));
+  const std::int64_t eb = static_cast<std::int64_t>(std::max<std::size_t>(elem_bytes, 1));
+  // The packed K and V tiles (block_k x (E + Ev)) are re-read by every 4-row block of queries:
+  // 128 KiB keeps them in a 512 KiB-1 MiB L2 beside the score tile and the accumulator.
+  constexpr std::int64_t kKvTileBytes = 128 * 1024;
+  const std::int64_t width = std::max<std::int64_t>(dim_qk + dim_v, 1);
+  std::int64_t block_k = kKvTileBytes / (width * eb);
+  // 256 keys: beyond it the score tile outgrows L1/L2 with no gain; g: one vector.
+  const std::int64_t max_block_k = std::max<std::int64_t>(g, 256 / g * g);
+  block_k = std::clamp<std::int64_t>(block_k / g * g, g, max_block_k);
+  block_k = std::min(block_k, round_up(std::max<std::int64_t>(len_k, 1), g));
+  // The score tile (block_q x block_k) stays near 16 K elements (64 KiB in float32); 128 rows
+  // amortise packing each K/V tile (a strided gather) over enough multiply-adds.
+  std::int64_t block_q = std::clamp<std::int64_t>(16384 / block_k, 16, 128) / 4 * 4;
+  block_q = std::min(block_q, round_up(std::max<std::int64_t>(len_q, 1), 4));
+  return TileSizes{block_q, block_k};
+}
+
+}  // namespace cpu
+}  // namespace attn2d

@@ -1,0 +1,24 @@
+// Tile sizes for the tiled CPU kernels: a pure function of the problem, so it is unit-tested
+// and the same problem always gets the same tiles (and so bitwise-equal results).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace attn2d {
+namespace cpu {
+
+struct TileSizes {
+  std::int64_t block_q = 0;  // query rows per tile, a multiple of 4 (the micro-kernel's rows)
+  std::int64_t block_k = 0;  // keys per tile, a multiple of `granule` (>= the SIMD lanes)
+};
+
+// granule: the SIMD vector length in elements on the widest target (16 floats on AVX-512);
+// block_k is a multiple of it so every target's vectors tile a key block exactly.
+TileSizes choose_tiles(std::int64_t len_q, std::int64_t len_k, std::int64_t dim_qk,
+                       std::int64_t dim_v, std::size_t elem_bytes, std::size_t granule);
+
+inline std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
+
+}  // namespace cpu
+}  // namespace attn2d

@@ -1,0 +1,47 @@
+#include "cpu/tiling.h"
+
+#include <gtest/gtest.h>
+
+namespace attn2d {
+namespace cpu {
+namespace {
+
+TEST(Tiling, TilesAreWholeVectorsAndRowBlocks) {
+  for (std::int64_t len : {1, 7, 97, 1025, 65536}) {
+    for (std::int64_t E : {1, 3, 8, 59, 64, 128, 512, 1024}) {
+      for (std::int64_t Ev : {1, 8, 64, 513}) {
+        for (std::size_t eb : {4u, 8u}) {
+          const TileSizes t = choose_tiles(len, len, E, Ev, eb, 16);
+          EXPECT_EQ(t.block_k % 16, 0);
+          EXPECT_GE(t.block_k, 16);
+          EXPECT_LE(t.block_k, 256);
+          EXPECT_EQ(t.block_q % 4, 0);
+          EXPECT_GE(t.block_q, 4);
+          EXPECT_LE(t.block_q, 128);
+          // Never much larger than the problem.
+          EXPECT_LE(t.block_k, round_up(len, 16));
+          EXPECT_LE(t.block_q, round_up(len, 4));
+          // The packed K/V tile fits the 128 KiB budget unless a single vector already exceeds it.
+          if (t.block_k > 16) EXPECT_LE(t.block_k * (E + Ev) * static_cast<std::int64_t>(eb), 128 * 1024);
+        }
+      }
+    }
+  }
+}
+
+TEST(Tiling, WideHeadsGetFewerKeys) {
+  EXPECT_GT(choose_tiles(4096, 4096, 8, 8, 4, 16).block_k,
+            choose_tiles(4096, 4096, 256, 256, 4, 16).block_k);
+}
+
+TEST(Tiling, IsAPureFunction) {
+  const TileSizes a = choose_tiles(1000, 2000, 59, 17, 4, 8);
+  const TileSizes b = choose_tiles(1000, 2000, 59, 17, 4, 8);
+  EXPECT_EQ(a.block_q, b.block_q);
+  EXPECT_EQ(a.block_k, b.block_k);
+  EXPECT_EQ(a.block_k % 8, 0);
+}
+
+}  // namespace
+}  // namespace cpu
+}  // namespace attn2d
