@@ -1,0 +1,220 @@
+// PyTorch binding: the only code that includes torch. It checks tensors, fills the core's params
+// structs, lends the core torch's intra-op thread pool and CPU allocator, and registers the
+// attn2d::* operators. Autograd and fake (meta) kernels are registered from Python
+// (attn2d/_ops.py) with torch.library.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/core/CPUAllocator.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <string>
+
+#include "attn2d/attention.h"
+
+namespace attn2d {
+namespace binding {
+namespace {
+
+Host torch_host() {
+  Host host;
+  host.num_threads = std::max(1, at::get_num_threads());
+  host.parallel_for = [](void*, std::int64_t n_tasks, void* fn_ctx, TaskFn fn) {
+    const int num_threads = std::max(1, at::get_num_threads());
+    at::parallel_for(0, n_tasks, 1, [&](std::int64_t begin, std::int64_t end) {
+      const int thread = at::get_thread_num();
+      TORCH_INTERNAL_ASSERT(thread >= 0 && thread < num_threads, "attn2d: thread index ", thread,
+                            " outside [0, ", num_threads, ")");
+      for (std::int64_t t = begin; t < end; ++t) fn(fn_ctx, t, thread);
+    });
+  };
+  // torch's CPU allocator aligns to 64 bytes; its out-of-memory error becomes the core's
+  // kOutOfMemory status rather than an exception through the core.
+  host.allocate = [](void*, std::size_t bytes) -> void* {
+    try {
+      return c10::GetCPUAllocator()->raw_allocate(bytes);
+    } catch (const c10::Error&) {
+      return nullptr;
+    }
+  };
+  host.deallocate = [](void*, void* ptr) { c10::GetCPUAllocator()->raw_deallocate(ptr); };
+  return host;
+}
+
+void raise_unless_ok(const Status& s, const char* op) {
+  switch (s.code()) {
+    case StatusCode::kOk:
+      return;
+    case StatusCode::kInvalidArgument:
+      TORCH_CHECK_VALUE(false, op, ": ", s.message());
+    case StatusCode::kUnsupported:
+      TORCH_CHECK_TYPE(false, op, ": ", s.message());
+    case StatusCode::kOutOfMemory:
+      TORCH_CHECK_WITH(OutOfMemoryError, false, op, ": ", s.message());
+  }
+  TORCH_CHECK(false, op, ": unknown status ", static_cast<int>(s.code()));
+}
+
+DType core_dtype(const at::Tensor& t) {
+  return t.scalar_type() == at::kDouble ? DType::kFloat64 : DType::kFloat32;
+}
+
+void check_cpu_float(const at::Tensor& t, const char* name, const char* op) {
+  TORCH_CHECK_VALUE(t.device().is_cpu(), op, ": ", name, " must be on the CPU (the only backend "
+                    "built so far); got a tensor on ", t.device());
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble, op, ": ",
+                   name, " must be float32 or float64; got ", t.scalar_type());
+}
+
+void check_rank(const at::Tensor& t, const char* name, const char* layout, const char* op) {
+  TORCH_CHECK_VALUE(t.dim() == 4, op, ": ", name, " must be 4-D ", layout, "; got shape ",
+                    t.sizes());
+}
+
+void check_same_dtype(const at::Tensor& t, const at::Tensor& q, const char* name, const char* op) {
+  TORCH_CHECK_TYPE(t.scalar_type() == q.scalar_type(), op, ": ", name, " has dtype ",
+                   t.scalar_type(), " but q has ", q.scalar_type(), "; all must match");
+}
+
+void check_dim(const at::Tensor& t, int dim, std::int64_t want, const char* name,
+               const char* what, const char* op) {
+  TORCH_CHECK_VALUE(t.size(dim) == want, op, ": ", name, ".shape[", dim, "] (", what, ") is ",
+                    t.size(dim), " but must be ", want, "; got ", name, " of shape ", t.sizes());
+}
+
+void copy_strides(const at::Tensor& t, std::int64_t* stride) {
+  for (int d = 0; d < t.dim(); ++d) stride[d] = t.stride(d);
+}
+
+// Checks q, k, v, the mask and scale, and fills everything of AttentionParams but out and lse.
+AttentionParams make_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const std::optional<at::Tensor>& attn_mask, bool is_causal,
+                            double scale, const char* op) {
+  check_rank(q, "q", "(B, H, Lq, E)", op);
+  check_rank(k, "k", "(B, H, Lk, E)", op);
+  check_rank(v, "v", "(B, H, Lk, Ev)", op);
+  check_cpu_float(q, "q", op);
+  check_cpu_float(k, "k", op);
+  check_cpu_float(v, "v", op);
+  check_same_dtype(k, q, "k", op);
+  check_same_dtype(v, q, "v", op);
+  check_dim(k, 0, q.size(0), "k", "batch", op);
+  check_dim(k, 1, q.size(1), "k", "heads", op);
+  check_dim(k, 3, q.size(3), "k", "E, the query/key width", op);
+  check_dim(v, 0, q.size(0), "v", "batch", op);
+  check_dim(v, 1, q.size(1), "v", "heads", op);
+  check_dim(v, 2, k.size(2), "v", "Lk, the number of keys", op);
+  TORCH_CHECK_VALUE(std::isfinite(scale), op, ": scale must be finite; got ", scale);
+
+  AttentionParams p;
+  p.dtype = core_dtype(q);
+  p.batch = q.size(0), p.heads = q.size(1), p.len_q = q.size(2), p.len_k = k.size(2);
+  p.dim_qk = q.size(3), p.dim_v = v.size(3);
+  p.q = q.data_ptr(), p.k = k.data_ptr(), p.v = v.data_ptr();
+  copy_strides(q, p.q_stride);
+  copy_strides(k, p.k_stride);
+  copy_strides(v, p.v_stride);
+  p.is_causal = is_causal;
+  p.scale = scale;
+
+  if (attn_mask.has_value() && attn_mask->defined()) {
+    const at::Tensor& m = *attn_mask;
+    TORCH_CHECK_VALUE(m.device().is_cpu(), op, ": attn_mask must be on the CPU; got ", m.device());
+    TORCH_CHECK_TYPE(m.scalar_type() == at::kBool || m.scalar_type() == q.scalar_type(), op,
+                     ": attn_mask must be bool or have q's dtype (", q.scalar_type(), "); got ",
+                     m.scalar_type());
+    const std::int64_t full[4] = {p.batch, p.heads, p.len_q, p.len_k};
+    TORCH_CHECK_VALUE(m.dim() <= 4, op, ": attn_mask must have at most 4 dims, broadcastable to "
+                      "(B, H, Lq, Lk) = ", at::IntArrayRef(full, 4), "; got shape ", m.sizes());
+    const int lead = 4 - static_cast<int>(m.dim());
+    for (int d = 0; d < 4; ++d) {
+      const int md = d - lead;
+      const std::int64_t size = md < 0 ? 1 : m.size(md);
+      TORCH_CHECK_VALUE(size == 1 || size == full[d], op, ": attn_mask of shape ", m.sizes(),
+                        " does not broadcast to (B, H, Lq, Lk) = ", at::IntArrayRef(full, 4));
+      p.mask_stride[d] = (md < 0 || size == 1) ? 0 : m.stride(md);
+    }
+    p.mask_kind = m.scalar_type() == at::kBool ? MaskKind::kBool : MaskKind::kAdditive;
+    p.mask = m.data_ptr();
+  }
+  return p;
+}
+
+std::tuple<at::Tensor, at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor& k,
+                                                     const at::Tensor& v,
+                                                     const std::optional<at::Tensor>& attn_mask,
+                                                     bool is_causal, double scale) {
+  const char* op = "attn2d.attention_forward";
+  AttentionParams p = make_params(q, k, v, attn_mask, is_causal, scale, op);
+  at::Tensor out = at::empty({p.batch, p.heads, p.len_q, p.dim_v}, q.options());
+  at::Tensor lse = at::empty({p.batch, p.heads, p.len_q}, q.options());
+  p.out = out.data_ptr();
+  copy_strides(out, p.out_stride);
+  p.lse = lse.data_ptr();
+  copy_strides(lse, p.lse_stride);
+  raise_unless_ok(attn2d::attention_forward(p, torch_host()), op);
+  return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& lse, const std::optional<at::Tensor>& attn_mask,
+    bool is_causal, double scale) {
+  const char* op = "attn2d.attention_backward";
+  AttentionBackwardParams bp;
+  bp.fwd = make_params(q, k, v, attn_mask, is_causal, scale, op);
+  AttentionParams& p = bp.fwd;
+  for (const auto& [t, name] : {std::pair<const at::Tensor&, const char*>{grad_out, "grad_out"},
+                                {out, "out"}}) {
+    check_rank(t, name, "(B, H, Lq, Ev)", op);
+    check_cpu_float(t, name, op);
+    check_same_dtype(t, q, name, op);
+    const std::int64_t want[4] = {p.batch, p.heads, p.len_q, p.dim_v};
+    TORCH_CHECK_VALUE(t.sizes() == at::IntArrayRef(want, 4), op, ": ", name, " must have shape ",
+                      at::IntArrayRef(want, 4), "; got ", t.sizes());
+  }
+  check_cpu_float(lse, "lse", op);
+  check_same_dtype(lse, q, "lse", op);
+  const std::int64_t lse_shape[3] = {p.batch, p.heads, p.len_q};
+  TORCH_CHECK_VALUE(lse.sizes() == at::IntArrayRef(lse_shape, 3), op,
+                    ": lse must have shape (B, H, Lq) = ", at::IntArrayRef(lse_shape, 3),
+                    "; got ", lse.sizes());
+  p.out = const_cast<void*>(out.data_ptr());
+  copy_strides(out, p.out_stride);
+  p.lse = const_cast<void*>(lse.data_ptr());
+  copy_strides(lse, p.lse_stride);
+  bp.dout = grad_out.data_ptr();
+  copy_strides(grad_out, bp.dout_stride);
+
+  at::Tensor dq = at::empty(q.sizes(), q.options());
+  at::Tensor dk = at::empty(k.sizes(), k.options());
+  at::Tensor dv = at::empty(v.sizes(), v.options());
+  bp.dq = dq.data_ptr(), bp.dk = dk.data_ptr(), bp.dv = dv.data_ptr();
+  copy_strides(dq, bp.dq_stride);
+  copy_strides(dk, bp.dk_stride);
+  copy_strides(dv, bp.dv_stride);
+  raise_unless_ok(attn2d::attention_backward(bp, torch_host()), op);
+  return {dq, dk, dv};
+}
+
+std::string cpu_simd_target() { return attn2d::cpu_simd_target(); }
+
+}  // namespace
+}  // namespace binding
+}  // namespace attn2d
+
+TORCH_LIBRARY(attn2d, m) {
+  m.def(
+      "attention_forward(Tensor q, Tensor k, Tensor v, Tensor? attn_mask, bool is_causal, "
+      "float scale) -> (Tensor out, Tensor lse)");
+  m.def(
+      "attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+      "Tensor? attn_mask, bool is_causal, float scale) -> (Tensor grad_q, Tensor grad_k, "
+      "Tensor grad_v)");
+  m.def("cpu_simd_target() -> str", &attn2d::binding::cpu_simd_target);
+}
+
+TORCH_LIBRARY_IMPL(attn2d, CPU, m) {
+  m.impl("attention_forward", &attn2d::binding::attention_forward);
+  m.impl("attention_backward", &attn2d::binding::attention_backward);
+}

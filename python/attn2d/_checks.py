@@ -1,0 +1,124 @@
+"""Input checks shared by the public functions and the fake (meta) kernels.
+
+Errors name the function, the argument and what was expected: ValueError for shapes, sizes and
+options, TypeError for types and dtypes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import torch
+
+SUPPORTED_DTYPES = (torch.float32, torch.float64)
+
+
+def check_tensor(fn: str, name: str, t: object) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{fn}: {name} must be a torch.Tensor; got {type(t).__name__}")
+    return t
+
+
+def check_rank(fn: str, name: str, t: torch.Tensor, layout: str) -> None:
+    rank = len(layout.split(","))
+    if t.dim() != rank:
+        raise ValueError(f"{fn}: {name} must be {rank}-D {layout}; got shape {tuple(t.shape)}")
+
+
+def check_float_dtype(fn: str, name: str, t: torch.Tensor) -> None:
+    if t.dtype not in SUPPORTED_DTYPES:
+        hint = (
+            " (bfloat16/float16 kernels are not built yet; cast to float32)"
+            if t.dtype in (torch.bfloat16, torch.float16)
+            else ""
+        )
+        raise TypeError(f"{fn}: {name} must be float32 or float64; got {t.dtype}{hint}")
+
+
+def check_same_dtype(fn: str, tensors: Sequence[tuple[str, torch.Tensor]]) -> None:
+    first_name, first = tensors[0]
+    for name, t in tensors[1:]:
+        if t.dtype != first.dtype:
+            raise TypeError(
+                f"{fn}: {name} has dtype {t.dtype} but {first_name} has {first.dtype}; "
+                "all must match"
+            )
+
+
+def check_cpu(fn: str, name: str, t: torch.Tensor) -> None:
+    if t.device.type != "cpu":
+        raise ValueError(
+            f"{fn}: {name} must be on the CPU (the only backend built so far); "
+            f"got a tensor on {t.device}"
+        )
+
+
+def check_size(fn: str, name: str, t: torch.Tensor, dim: int, want: int, what: str) -> None:
+    if t.shape[dim] != want:
+        raise ValueError(
+            f"{fn}: {name}.shape[{dim}] ({what}) is {t.shape[dim]} but must be {want}; "
+            f"got {name} of shape {tuple(t.shape)}"
+        )
+
+
+def check_mask(fn: str, mask: Optional[torch.Tensor], q: torch.Tensor, full: tuple) -> None:
+    if mask is None:
+        return
+    check_tensor(fn, "attn_mask", mask)
+    if mask.dtype != torch.bool and mask.dtype != q.dtype:
+        raise TypeError(
+            f"{fn}: attn_mask must be bool (True = may attend) or have q's dtype {q.dtype} "
+            f"(added to the scores); got {mask.dtype}"
+        )
+    shape = tuple(mask.shape)
+    ok = len(shape) <= 4 and all(
+        s == 1 or s == f for s, f in zip(reversed(shape), reversed(full))
+    )
+    if not ok:
+        raise ValueError(
+            f"{fn}: attn_mask of shape {shape} does not broadcast to (B, H, Lq, Lk) = {full}"
+        )
+
+
+def check_attention(
+    fn: str,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_mask: Optional[torch.Tensor],
+    *,
+    check_device: bool = True,
+) -> None:
+    """Shapes, dtypes and devices of attention(q, k, v, attn_mask)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(fn, name, t)
+    check_rank(fn, "q", q, "(B, H, Lq, E)")
+    check_rank(fn, "k", k, "(B, H, Lk, E)")
+    check_rank(fn, "v", v, "(B, H, Lk, Ev)")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_float_dtype(fn, name, t)
+    check_same_dtype(fn, [("q", q), ("k", k), ("v", v)])
+    if check_device:
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            check_cpu(fn, name, t)
+        if attn_mask is not None and isinstance(attn_mask, torch.Tensor):
+            check_cpu(fn, "attn_mask", attn_mask)
+    check_size(fn, "k", k, 0, q.shape[0], "batch")
+    check_size(fn, "k", k, 1, q.shape[1], "heads")
+    check_size(fn, "k", k, 3, q.shape[3], "E, the query/key width")
+    check_size(fn, "v", v, 0, q.shape[0], "batch")
+    check_size(fn, "v", v, 1, q.shape[1], "heads")
+    check_size(fn, "v", v, 2, k.shape[2], "Lk, the number of keys")
+    check_mask(fn, attn_mask, q, (q.shape[0], q.shape[1], q.shape[2], k.shape[2]))
+
+
+def resolve_scale(fn: str, scale: Optional[float], head_dim: int) -> float:
+    """SDPA's default 1/sqrt(E); E = 0 has all-zero scores, so any finite scale will do."""
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim) if head_dim > 0 else 1.0
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"{fn}: scale must be a real number or None; got {type(scale).__name__}")
+    if not math.isfinite(scale):
+        raise ValueError(f"{fn}: scale must be finite; got {scale}")
+    return float(scale)

@@ -1,0 +1,84 @@
+"""Loads the compiled binding and registers what torch.library needs around its ops: fake
+(meta) kernels for torch.compile / FakeTensor, and autograd for attention_forward."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import torch
+
+from . import _checks
+
+
+def _load_binding() -> None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    found = sorted(glob.glob(os.path.join(here, "_C*.so")))
+    if not found:
+        raise ImportError(
+            "attn2d: the compiled binding (attn2d/_C*.so) is missing; build it with "
+            "`pip install -e . --no-build-isolation` (see README.md)"
+        )
+    torch.ops.load_library(found[0])
+
+
+_load_binding()
+
+
+@torch.library.register_fake("attn2d::attention_forward")
+def _attention_forward_fake(q, k, v, attn_mask, is_causal, scale):
+    _checks.check_attention("attn2d.attention_forward", q, k, v, attn_mask, check_device=False)
+    B, H, Lq, _ = q.shape
+    return q.new_empty((B, H, Lq, v.shape[-1])), q.new_empty((B, H, Lq))
+
+
+@torch.library.register_fake("attn2d::attention_backward")
+def _attention_backward_fake(grad_out, q, k, v, out, lse, attn_mask, is_causal, scale):
+    _checks.check_attention("attn2d.attention_backward", q, k, v, attn_mask, check_device=False)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _forward_setup_context(ctx, inputs, output):
+    q, k, v, attn_mask, is_causal, scale = inputs
+    if attn_mask is not None and attn_mask.requires_grad:
+        # Its gradient would be an Lq x Lk tensor; returning none would be silently wrong.
+        raise ValueError(
+            "attn2d.attention: attn_mask requires grad, but gradients with respect to the mask "
+            "are not supported; pass attn_mask.detach()"
+        )
+    out, lse = output
+    ctx.mark_non_differentiable(lse)
+    ctx.save_for_backward(q, k, v, out, lse, attn_mask)
+    ctx.is_causal = is_causal
+    ctx.scale = scale
+
+
+def _forward_backward(ctx, grad_out, grad_lse):
+    q, k, v, out, lse, attn_mask = ctx.saved_tensors
+    dq, dk, dv = torch.ops.attn2d.attention_backward(
+        grad_out, q, k, v, out, lse, attn_mask, ctx.is_causal, ctx.scale
+    )
+    return dq, dk, dv, None, None, None
+
+
+torch.library.register_autograd(
+    "attn2d::attention_forward", _forward_backward, setup_context=_forward_setup_context
+)
+
+
+def _backward_setup_context(ctx, inputs, output):
+    pass
+
+
+def _backward_backward(ctx, *grads):
+    # Registered so that a double backward fails loudly instead of PyTorch's autograd fallback
+    # treating this op as constant (a silently wrong R1 penalty).
+    raise NotImplementedError(
+        "attn2d.attention: double backward (e.g. an R1 / gradient penalty through attention) "
+        "is not supported yet"
+    )
+
+
+torch.library.register_autograd(
+    "attn2d::attention_backward", _backward_backward, setup_context=_backward_setup_context
+)

@@ -1,0 +1,93 @@
+"""Runs one attention case in a fresh process and prints its time and peak memory as JSON.
+
+Peak memory is the resident set's high-water mark (VmHWM) after the inputs exist, minus the
+resident set at that moment: what the attention itself added, measured, not computed. The mark
+is reset first (/proc/self/clear_refs), so importing torch does not count.
+
+    python -m attn2d._probe '{"impl": "attn2d", "B": 1, "H": 1, "Lq": 4096, ...}'
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not found in /proc/self/status")
+
+
+def _reset_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _unfused(q, k, v, scale):
+    import torch
+
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    return torch.matmul(torch.softmax(scores, dim=-1), v)
+
+
+def main(argv: list[str]) -> int:
+    case = json.loads(argv[1])
+    import torch
+
+    import attn2d
+
+    if "threads" in case:
+        torch.set_num_threads(int(case["threads"]))
+    dtype = getattr(torch, case.get("dtype", "float32"))
+    B, H, Lq, Lk = case["B"], case["H"], case["Lq"], case["Lk"]
+    E, Ev = case["E"], case["Ev"]
+    backward = bool(case.get("backward", True))
+    scale = case.get("scale", 1.0 / math.sqrt(E))
+    gen = torch.Generator().manual_seed(int(case.get("seed", 0)))
+    q = torch.randn(B, H, Lq, E, generator=gen, dtype=dtype).requires_grad_(backward)
+    k = torch.randn(B, H, Lk, E, generator=gen, dtype=dtype).requires_grad_(backward)
+    v = torch.randn(B, H, Lk, Ev, generator=gen, dtype=dtype).requires_grad_(backward)
+    grad = torch.randn(B, H, Lq, Ev, generator=gen, dtype=dtype)
+    impl = case["impl"]
+    if impl == "attn2d":
+        fn = lambda: attn2d.attention(q, k, v, scale=scale)  # noqa: E731
+    elif impl == "unfused":
+        fn = lambda: _unfused(q, k, v, scale)  # noqa: E731
+    else:
+        raise SystemExit(f"unknown impl {impl!r}")
+
+    baseline_kib = _status_kib("VmRSS")
+    reset = _reset_peak()
+    t0 = time.perf_counter()
+    out = fn()
+    t1 = time.perf_counter()
+    if backward:
+        out.backward(grad)
+    t2 = time.perf_counter()
+    peak_kib = _status_kib("VmHWM")
+    result = {
+        "impl": impl,
+        "forward_s": t1 - t0,
+        "backward_s": t2 - t1 if backward else None,
+        "baseline_bytes": baseline_kib * 1024,
+        "peak_above_baseline_bytes": max(peak_kib - baseline_kib, 0) * 1024,
+        "peak_reset": reset,
+        "threads": torch.get_num_threads(),
+    }
+    if case.get("checksum"):
+        result["out_sum"] = float(out.detach().double().sum())
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,46 @@
+"""Naive attention written with plain torch ops: the oracle (in float64) and the same-dtype
+baseline that sets the tolerance of the fused kernels."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def naive_attention(q, k, v, attn_mask=None, is_causal=False, scale=None, dtype=torch.float64):
+    """matmul + softmax + matmul in `dtype`; a row with no allowed key gives 0, as attn2d does."""
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1]) if q.shape[-1] else 1.0
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    Lq, Lk = q.shape[-2], k.shape[-2]
+    allowed = torch.ones(Lq, Lk, dtype=torch.bool)
+    if is_causal:
+        allowed = allowed.tril()
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            allowed = allowed & attn_mask
+        else:
+            s = s + attn_mask.to(dtype)
+    s = s.masked_fill(~allowed, float("-inf"))
+    if Lk == 0:  # no keys at all: every row is fully masked
+        return torch.matmul(s, v)
+    m = s.amax(dim=-1, keepdim=True)
+    m = torch.where(torch.isinf(m) & (m < 0), torch.zeros_like(m), m).detach()
+    p = torch.exp(s - m)
+    l = p.sum(dim=-1, keepdim=True)
+    return torch.matmul(p, v) / torch.where(l == 0, torch.ones_like(l), l)
+
+
+def max_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    d = (a.detach().double() - b.detach().double()).abs()
+    if torch.isnan(d).any():
+        return float("inf")
+    return float(d.max()) if d.numel() else 0.0
+
+
+def tolerance(naive_error: float, dtype: torch.dtype) -> float:
+    """Our error may be at most 2x that of naive attention in the same dtype, plus a floor."""
+    floor = 1e-6 if dtype == torch.float32 else 1e-12
+    return 2.0 * naive_error + floor

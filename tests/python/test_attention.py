@@ -1,0 +1,232 @@
+"""attn2d.attention against float64 naive attention: outputs and gradients, over awkward shapes,
+layouts and masks. float32 error must be <= 2x the error of naive float32 attention + 1e-6."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import attn2d
+from reference import max_err, naive_attention, tolerance
+
+
+def _leaf(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().requires_grad_(True)
+
+
+def check_against_reference(q, k, v, attn_mask=None, is_causal=False, scale=None):
+    """Runs attn2d and the two naive references on the same views and compares everything."""
+    dtype = q.dtype
+    grad = torch.randn(q.shape[:-1] + (v.shape[-1],), dtype=dtype)
+    results = {}
+    for name, fn, ref_dtype in (
+        ("ours", None, None),
+        ("naive", naive_attention, dtype),
+        ("oracle", naive_attention, torch.float64),
+    ):
+        qq, kk, vv = _leaf(q), _leaf(k), _leaf(v)
+        if fn is None:
+            out = attn2d.attention(qq, kk, vv, attn_mask=attn_mask, is_causal=is_causal, scale=scale)
+            assert out.dtype == dtype and out.shape == grad.shape
+        else:
+            out = fn(qq, kk, vv, attn_mask, is_causal, scale, dtype=ref_dtype)
+        out.backward(grad.to(out.dtype))
+        results[name] = (out.detach(), qq.grad, kk.grad, vv.grad)
+    for idx, what in enumerate(("out", "dq", "dk", "dv")):
+        ours, naive, oracle = (results[n][idx] for n in ("ours", "naive", "oracle"))
+        err, naive_err = max_err(ours, oracle), max_err(naive, oracle)
+        assert err <= tolerance(naive_err, dtype), (what, err, naive_err)
+
+
+# (B, H, Lq, Lk, E, Ev): odd and tiny widths, E != Ev, Lq != Lk, lengths around tile edges.
+SHAPES = [
+    (1, 1, 1, 1, 1, 2),
+    (1, 1, 7, 97, 3, 8),
+    (2, 3, 97, 7, 8, 64),
+    (1, 2, 97, 1025, 59, 17),
+    (2, 6, 1025, 97, 64, 32),
+    (1, 1, 1025, 1025, 128, 64),
+    (3, 4, 7, 1, 8, 3),
+    (1, 12, 33, 65, 64, 128),
+    (1, 1, 65, 33, 1, 1),
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_matches_reference_over_shapes(shape, dtype):
+    B, H, Lq, Lk, E, Ev = shape
+    q, k = torch.randn(B, H, Lq, E, dtype=dtype), torch.randn(B, H, Lk, E, dtype=dtype)
+    v = torch.randn(B, H, Lk, Ev, dtype=dtype)
+    check_against_reference(q, k, v)
+
+
+def test_head_width_512_and_custom_scale():
+    q, k, v = torch.randn(1, 1, 50, 512), torch.randn(1, 1, 70, 512), torch.randn(1, 1, 70, 520)
+    check_against_reference(q, k, v)
+    check_against_reference(q, k, v, scale=0.01)
+
+
+def _nan_padded(shape, pad_last=3):
+    """A view into NaN-filled memory: reading outside the view turns the result into NaN."""
+    big = torch.full(shape[:-1] + (shape[-1] + pad_last,), float("nan"))
+    big[..., : shape[-1]] = torch.randn(shape)
+    return big[..., : shape[-1]]
+
+
+def test_nchw_views_are_used_as_they_are():
+    # SAGAN: 1x1 conv outputs (B, C, H, W) -> (B, heads, d, N) -> transpose: last-dim stride N.
+    B, heads, Hh, W = 2, 2, 7, 11
+    x = torch.randn(B, 3 * heads * 8 + heads * 16, Hh, W)
+    q_c, k_c, v_c = torch.split(x, [heads * 8, heads * 8, heads * 16 + heads * 8], dim=1)
+    q = q_c.reshape(B, heads, 8, Hh * W).transpose(-1, -2)
+    k = k_c.reshape(B, heads, 8, Hh * W).transpose(-1, -2)
+    v = v_c[:, : heads * 16].reshape(B, heads, 16, Hh * W).transpose(-1, -2)
+    assert q.stride(-1) == Hh * W and not q.is_contiguous()
+    check_against_reference(q, k, v)
+
+
+def test_sequence_major_and_nan_padded_views():
+    B, N, H, E, Ev = 2, 45, 3, 12, 20
+    q = _nan_padded((B, N, H, E)).transpose(1, 2)
+    k = _nan_padded((B, N + 6, H, E)).transpose(1, 2)
+    v = _nan_padded((B, N + 6, H, Ev)).transpose(1, 2)
+    check_against_reference(q, k, v)
+
+
+def test_expanded_stride_zero_inputs():
+    q = torch.randn(1, 2, 30, 8).expand(3, 2, 30, 8)
+    k, v = torch.randn(3, 2, 40, 8), torch.randn(3, 2, 40, 5)
+    check_against_reference(q, k, v)
+
+
+B, H, LQ, LK = 2, 3, 21, 34
+MASK_SHAPES = [
+    (LK,), (LQ, LK), (1, LK), (LQ, 1), (H, LQ, LK), (B, 1, LQ, LK), (1, H, 1, LK),
+    (B, H, LQ, LK), (B, H, 1, 1), (1, 1, 1, 1), (B, 1, 1, LK),
+]
+
+
+@pytest.mark.parametrize("mask_shape", MASK_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_masks_broadcast_every_way(mask_shape, kind):
+    q, k, v = torch.randn(B, H, LQ, 8), torch.randn(B, H, LK, 8), torch.randn(B, H, LK, 6)
+    if kind == "bool":
+        mask = torch.rand(mask_shape) < 0.7
+    else:
+        mask = torch.randn(mask_shape).masked_fill(torch.rand(mask_shape) < 0.3, float("-inf"))
+    check_against_reference(q, k, v, attn_mask=mask)
+
+
+def test_strided_mask_view():
+    mask = (torch.rand(LK, LQ) < 0.6).t()  # (LQ, LK) with a non-unit last stride
+    q, k, v = torch.randn(B, H, LQ, 8), torch.randn(B, H, LK, 8), torch.randn(B, H, LK, 6)
+    check_against_reference(q, k, v, attn_mask=mask)
+
+
+@pytest.mark.parametrize("Lq,Lk", [(50, 50), (70, 30), (30, 300)])
+def test_causal_matches_torch_sdpa_math(Lq, Lk):
+    q, k, v = torch.randn(2, 2, Lq, 16), torch.randn(2, 2, Lk, 16), torch.randn(2, 2, Lk, 16)
+    check_against_reference(q, k, v, is_causal=True)
+    # An independent oracle: torch's own math path, top-left aligned.
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q64, k64, v64 = q.double(), k.double(), v.double()
+    with sdpa_kernel(SDPBackend.MATH):
+        want = F.scaled_dot_product_attention(q64, k64, v64, is_causal=True)
+    assert max_err(attn2d.attention(q64, k64, v64, is_causal=True), want) < 1e-12
+
+
+def test_causal_combined_with_mask():
+    q, k, v = torch.randn(1, 2, 40, 8), torch.randn(1, 2, 40, 8), torch.randn(1, 2, 40, 8)
+    mask = torch.rand(40, 40) < 0.8
+    check_against_reference(q, k, v, attn_mask=mask, is_causal=True)
+
+
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_fully_masked_rows_give_zero_output_and_zero_gradient(kind):
+    q, k, v = (_leaf(torch.randn(2, 2, 12, 8)), _leaf(torch.randn(2, 2, 20, 8)),
+               _leaf(torch.randn(2, 2, 20, 5)))
+    allowed = torch.rand(2, 1, 12, 20) < 0.7
+    allowed[:, :, ::3] = False  # rows 0, 3, 6, 9 see no key
+    mask = allowed if kind == "bool" else torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf"))
+    out = attn2d.attention(q, k, v, attn_mask=mask)
+    out.backward(torch.randn_like(out))
+    assert torch.isfinite(out).all() and torch.isfinite(q.grad).all()
+    assert (out[:, :, ::3] == 0).all()
+    assert (q.grad[:, :, ::3] == 0).all()
+    check_against_reference(q, k, v, attn_mask=mask)
+    # Keys no query may see get no gradient either.
+    none_see = torch.ones(2, 1, 12, 20, dtype=torch.bool)
+    none_see[..., 5] = False
+    k.grad = None
+    attn2d.attention(q, k, v, attn_mask=none_see).sum().backward()
+    assert (k.grad[..., 5, :] == 0).all()
+
+
+def test_nan_in_one_query_row_stays_in_that_row():
+    q, k, v = torch.randn(1, 1, 10, 8), torch.randn(1, 1, 20, 8), torch.randn(1, 1, 20, 8)
+    q[0, 0, 4, 2] = float("nan")
+    out = attn2d.attention(q, k, v)
+    assert torch.isnan(out[0, 0, 4]).all()
+    assert torch.isfinite(out[0, 0, torch.arange(10) != 4]).all()
+
+
+ZERO_SHAPES = [
+    (0, 2, 5, 5, 4, 4), (2, 0, 5, 5, 4, 4), (1, 1, 0, 5, 4, 4), (1, 1, 5, 0, 4, 4),
+    (1, 1, 5, 5, 0, 4), (1, 1, 5, 5, 4, 0),
+]
+
+
+@pytest.mark.parametrize("shape", ZERO_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_zero_size_dimensions(shape):
+    B, H, Lq, Lk, E, Ev = shape
+    q, k = _leaf(torch.randn(B, H, Lq, E)), _leaf(torch.randn(B, H, Lk, E))
+    v = _leaf(torch.randn(B, H, Lk, Ev))
+    out = attn2d.attention(q, k, v)
+    assert out.shape == (B, H, Lq, Ev)
+    out.sum().backward()
+    want = naive_attention(q.detach(), k.detach(), v.detach())
+    assert max_err(out, want) < 1e-6
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+    if Lk == 0:
+        assert (out == 0).all()
+
+
+def test_bitwise_deterministic():
+    q, k, v = torch.randn(2, 3, 300, 24), torch.randn(2, 3, 257, 24), torch.randn(2, 3, 257, 40)
+    grad = torch.randn(2, 3, 300, 40)
+    runs = []
+    for _ in range(3):
+        qq, kk, vv = _leaf(q), _leaf(k), _leaf(v)
+        out = attn2d.attention(qq, kk, vv)
+        out.backward(grad)
+        runs.append((out.detach(), qq.grad, kk.grad, vv.grad))
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            assert torch.equal(a, b)
+
+
+def test_thread_count_does_not_change_results():
+    q, k, v = torch.randn(1, 2, 300, 16), torch.randn(1, 2, 300, 16), torch.randn(1, 2, 300, 16)
+    before = torch.get_num_threads()
+    try:
+        outs = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            qq, kk, vv = _leaf(q), _leaf(k), _leaf(v)
+            out = attn2d.attention(qq, kk, vv)
+            out.sum().backward()
+            outs.append((out.detach(), qq.grad, kk.grad, vv.grad))
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
+
+
+def test_output_is_exact_for_single_key():
+    q, k, v = torch.randn(2, 2, 9, 4), torch.randn(2, 2, 1, 4), torch.randn(2, 2, 1, 7)
+    assert torch.equal(attn2d.attention(q, k, v), v.expand(2, 2, 9, 7))
