@@ -2,6 +2,7 @@
 
 import torch
 
+from . import nn
 from .functional import attention
 
 __version__ = "0.1.0"
@@ -12,4 +13,4 @@ def cpu_simd_target() -> str:
     return torch.ops.attn2d.cpu_simd_target()
 
 
-__all__ = ["attention", "cpu_simd_target", "__version__"]
+__all__ = ["attention", "cpu_simd_target", "nn", "__version__"]

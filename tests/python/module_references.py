@@ -1,0 +1,172 @@
+"""PyTorch-only references for the attn2d.nn modules, built from torch.nn parts with the same
+state_dict keys, computing attention the unfused way (matmul, softmax, matmul)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class SeedSelfAttention(nn.Module):
+    """Seed 000's "SelfAttention", verbatim but for its prints (square maps only)."""
+
+    def __init__(self, channels):
+        super().__init__()
+        self.channels = channels
+        num_heads = 4
+        self.mha = nn.MultiheadAttention(channels, num_heads, batch_first=True)
+        self.ln = nn.LayerNorm([channels])
+        self.ff_self = nn.Sequential(
+            nn.LayerNorm([channels]), nn.Linear(channels, channels), nn.GELU(),
+            nn.Linear(channels, channels),
+        )
+
+    def forward(self, x):
+        size = x.shape[3]
+        x = x.view(-1, self.channels, size * size).swapaxes(1, 2)
+        x_ln = self.ln(x)
+        attention_value, _ = self.mha(x_ln, x_ln, x_ln)
+        attention_value = attention_value + x
+        attention_value = self.ff_self(attention_value) + attention_value
+        return attention_value.swapaxes(2, 1).view(-1, self.channels, size, size)
+
+
+class SeedSelfAttention2(nn.Module):
+    """Seed 000's "SelfAttention2", verbatim."""
+
+    def __init__(self, channels):
+        super().__init__()
+        self.query = nn.Conv2d(channels, channels // 8, kernel_size=1)
+        self.key = nn.Conv2d(channels, channels // 8, kernel_size=1)
+        self.value = nn.Conv2d(channels, channels, kernel_size=1)
+        self.softmax = nn.Softmax(dim=-1)
+
+    def forward(self, x):
+        N, C, H, W = x.size()
+        query = self.query(x).view(N, -1, W * H).permute(0, 2, 1)
+        key = self.key(x).view(N, -1, W * H)
+        energy = torch.bmm(query, key)
+        attention = self.softmax(energy)
+        value = self.value(x).view(N, -1, W * H)
+        out = torch.bmm(value, attention.permute(0, 2, 1))
+        return out.view(N, C, H, W)
+
+
+def unfused(q, k, v, scale):
+    return torch.softmax((q @ k.transpose(-1, -2)) * scale, dim=-1) @ v
+
+
+class Resample(nn.Module):
+    def __init__(self, channels, s):
+        super().__init__()
+        self.down = nn.Conv2d(channels, channels, s, stride=s)
+        self.up = nn.ConvTranspose2d(channels, channels, s, stride=s)
+
+
+class RefSelfAttention2d(nn.Module):
+    """The SAGAN/BigGAN block with the options of attn2d.nn.SelfAttention2d, unfused."""
+
+    def __init__(self, channels, *, qk_ratio=8, v_channels=None, heads=1, pool_kv=2,
+                 out_conv=True, gamma=True, residual=True, scale=1.0, groups=1,
+                 spectral_norm=False, downsample=1):
+        super().__init__()
+        v_channels = channels // 2 if v_channels is None else v_channels
+        sn = nn.utils.parametrizations.spectral_norm if spectral_norm else (lambda m: m)
+        qk = channels // qk_ratio
+        self.query = sn(nn.Conv2d(channels, qk, 1, groups=groups))
+        self.key = sn(nn.Conv2d(channels, qk, 1, groups=groups))
+        self.value = sn(nn.Conv2d(channels, v_channels, 1, groups=groups))
+        self.out = sn(nn.Conv2d(v_channels, channels, 1, groups=groups)) if out_conv else None
+        self.gamma = nn.Parameter(torch.zeros(1)) if gamma else None
+        self.resample = Resample(channels, downsample) if downsample > 1 else None
+        self.heads, self.pool, self.residual, self.scale = heads, pool_kv, residual, scale
+
+    def forward(self, x):
+        inner = self.resample.down(x) if self.resample is not None else x
+        B, _, H, W = inner.shape
+        q, k, v = self.query(inner), self.key(inner), self.value(inner)
+        if self.pool > 1:
+            k, v = F.max_pool2d(k, self.pool), F.max_pool2d(v, self.pool)
+        h = self.heads
+
+        def split(t):  # (B, h*d, H, W) -> (B, h, HW, d)
+            return t.reshape(B, h, t.shape[1] // h, -1).transpose(-1, -2)
+
+        d = q.shape[1] // h
+        scale = self.scale if self.scale is not None else d**-0.5
+        o = unfused(split(q), split(k), split(v), scale)
+        o = o.transpose(-1, -2).reshape(B, -1, H, W)
+        if self.out is not None:
+            o = self.out(o)
+        if self.resample is not None:
+            o = self.resample.up(o, output_size=x.shape[-2:])
+        if self.gamma is not None:
+            o = self.gamma * o
+        return x + o if self.residual else o
+
+
+class RefMultiheadSelfAttention2d(nn.Module):
+    """Seed 000's "SelfAttention" for any H x W and heads, with nn.MultiheadAttention."""
+
+    def __init__(self, channels, num_heads=4, downsample=1):
+        super().__init__()
+        self.mha = nn.MultiheadAttention(channels, num_heads, batch_first=True)
+        self.ln = nn.LayerNorm([channels])
+        self.ff_self = nn.Sequential(
+            nn.LayerNorm([channels]), nn.Linear(channels, channels), nn.GELU(),
+            nn.Linear(channels, channels),
+        )
+        self.resample = Resample(channels, downsample) if downsample > 1 else None
+
+    def forward(self, x):
+        B, C, H, W = x.shape
+        inner = self.resample.down(x) if self.resample is not None else x
+        t = inner.flatten(2).transpose(1, 2)
+        t_ln = self.ln(t)
+        a, _ = self.mha(t_ln, t_ln, t_ln, need_weights=False)
+        a = a.transpose(1, 2).reshape(inner.shape)
+        if self.resample is not None:
+            a = self.resample.up(a, output_size=x.shape[-2:])
+        t = (x + a).flatten(2).transpose(1, 2)
+        t = self.ff_self(t) + t
+        return t.transpose(1, 2).reshape(B, C, H, W)
+
+
+class RefAttention(nn.Module):
+    """timm's ViT Attention (its non-fused path)."""
+
+    def __init__(self, dim, num_heads=8, qkv_bias=False, qk_norm=False, proj_bias=True):
+        super().__init__()
+        self.num_heads, self.head_dim = num_heads, dim // num_heads
+        self.scale = self.head_dim**-0.5
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.q_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
+        self.k_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
+        self.proj = nn.Linear(dim, dim, bias=proj_bias)
+
+    def forward(self, x):
+        B, N, C = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        q, k = self.q_norm(q), self.k_norm(k)
+        x = unfused(q, k, v, self.scale)
+        return self.proj(x.transpose(1, 2).reshape(B, N, C))
+
+
+class RefCrossAttention(nn.Module):
+    def __init__(self, dim, context_dim=None, num_heads=8, qkv_bias=False, proj_bias=True):
+        super().__init__()
+        context_dim = dim if context_dim is None else context_dim
+        self.num_heads = num_heads
+        self.q = nn.Linear(dim, dim, bias=qkv_bias)
+        self.kv = nn.Linear(context_dim, 2 * dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim, bias=proj_bias)
+
+    def forward(self, x, context):
+        B, N, C = x.shape
+        h, d = self.num_heads, C // self.num_heads
+        q = self.q(x).reshape(B, N, h, d).transpose(1, 2)
+        k, v = self.kv(context).reshape(B, -1, 2, h, d).permute(2, 0, 3, 1, 4).unbind(0)
+        o = unfused(q, k, v, d**-0.5)
+        return self.proj(o.transpose(1, 2).reshape(B, N, C))
