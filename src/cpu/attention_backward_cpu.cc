@@ -1,11 +1,14 @@
 // Fused backward that recomputes the probabilities tile by tile from q, k and the forward's
 // log-sum-exp; no len_q x len_k buffer exists at any time.
 //
-// Deterministic without atomics: pass 1 gives each task one (batch, head, key tile) and walks
-// the query tiles that see it, accumulating dK and dV in its own scratch; pass 2 gives each task
-// one (batch, head, query tile) and walks its key tiles, accumulating dQ. Every sum therefore
-// runs in a fixed order whatever the thread count. The price is recomputing Q*K^T and dO*V^T
-// once more in pass 2 (7 tile products instead of 5).
+// Deterministic without atomics, in one of two schedules that give bitwise-equal results:
+// - one pass per (batch, head) when there are enough heads to keep every thread busy: a task
+//   walks the head's key tiles and, for each, the query tiles that see it, accumulating dK and
+//   dV in scratch and dQ in the dq output (4 tile products per tile pair);
+// - two passes otherwise: pass 1 gives each task one (batch, head, key tile) for dK and dV,
+//   pass 2 one (batch, head, query tile) for dQ, recomputing Q*K^T and dO*V^T (7 products).
+// Each dK/dV sum runs over query tiles in order and each dQ sum over key tiles in order in
+// both, so the thread count never changes a bit of the result.
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "src/cpu/attention_backward_cpu.cc"
@@ -144,29 +147,35 @@ HWY_INLINE void StoreTile(const T* src, size_t ld, size_t rows, size_t cols, T a
   }
 }
 
-// Pass 1: dK and dV of one key tile.
+// Query tiles that see key tile j0: all of them, or under causality those holding a query
+// i >= j0. dQ of a query tile takes this key tile only when j0 < i0 + rows, the rule pass 2
+// uses: the extra (all-masked) pairs add exact zeros to dK and dV but must not touch dQ.
+inline std::int64_t FirstQueryTile(const AttentionParams& p, std::int64_t j0, std::int64_t bq) {
+  return p.is_causal ? j0 / bq * bq : 0;
+}
+inline std::int64_t KeyEnd(const AttentionParams& p, std::int64_t i0, std::int64_t rows) {
+  return p.is_causal ? std::min<std::int64_t>(p.len_k, i0 + rows) : p.len_k;
+}
+
+// dK and dV of key tile j0 (slice b, h), and with_dq: its contribution to dQ, accumulated in
+// place into the dq output.
 template <typename T>
-void KeyTileTask(void* ctx, std::int64_t task, int thread) {
-  const BackwardPlan<T>& plan = *static_cast<const BackwardPlan<T>*>(ctx);
+void KeyTile(const BackwardPlan<T>& plan, std::int64_t b, std::int64_t h, std::int64_t j0,
+             bool with_dq, const typename BackwardPlan<T>::Arrays& a) {
   const AttentionBackwardParams& bp = *plan.bp;
   const AttentionParams& p = bp.fwd;
   const size_t L = VectorLanes<T>();
   const size_t bk = static_cast<size_t>(plan.tiles.block_k);
-  const std::int64_t bh = task / plan.k_tiles;
-  const std::int64_t b = bh / p.heads, h = bh % p.heads;
-  const std::int64_t j0 = (task % plan.k_tiles) * plan.tiles.block_k;
+  const size_t E = static_cast<size_t>(p.dim_qk);
   const size_t cols = static_cast<size_t>(std::min(plan.tiles.block_k, p.len_k - j0));
   const size_t cols_pad = (cols + L - 1) / L * L;
-  const auto a = plan.carve(plan.workspace + static_cast<size_t>(thread) * plan.scratch_elems);
   const SliceMask<T> mask = slice_mask<T>(p, b, h);
 
-  PackKeyTile(p, plan, b, h, j0, cols, cols_pad, /*row_major_k=*/false, a);
+  PackKeyTile(p, plan, b, h, j0, cols, cols_pad, /*row_major_k=*/with_dq, a);
   std::fill(a.dk, a.dk + cols * plan.dim_qk_pad, T(0));
   std::fill(a.dv, a.dv + cols * plan.dim_v_pad, T(0));
-  // Causal: only queries i >= j0 see this tile.
-  const std::int64_t first_q =
-      p.is_causal ? j0 / plan.tiles.block_q * plan.tiles.block_q : 0;
-  for (std::int64_t i0 = first_q; i0 < p.len_q; i0 += plan.tiles.block_q) {
+  for (std::int64_t i0 = FirstQueryTile(p, j0, plan.tiles.block_q); i0 < p.len_q;
+       i0 += plan.tiles.block_q) {
     const size_t rows = static_cast<size_t>(std::min(plan.tiles.block_q, p.len_q - i0));
     PackQueryTile(bp, plan, b, h, i0, rows, a);
     ProbabilitiesAndScoreGrad(plan, mask, i0, rows, j0, cols, cols_pad, a);
@@ -175,13 +184,61 @@ void KeyTileTask(void* ctx, std::int64_t task, int thread) {
                plan.dim_v_pad);
     Gemm<true>(cols, plan.dim_qk_pad, rows, a.dp, 1, bk, a.q, plan.dim_qk_pad, a.dk,
                plan.dim_qk_pad);
+    if (with_dq && j0 < KeyEnd(p, i0, static_cast<std::int64_t>(rows))) {
+      // The running (unscaled) sum lives in the output between key tiles; it is loaded into
+      // the accumulator so the FMA chain is exactly pass 2's.
+      T* dq = static_cast<T*>(bp.dq) + offset4(bp.dq_stride, b, h, i0, 0);
+      PackRows(static_cast<const T*>(dq), bp.dq_stride[2], bp.dq_stride[3], rows, E, T(1), a.dq,
+               plan.dim_qk_pad, rows);
+      Gemm<true>(rows, plan.dim_qk_pad, cols, a.dp, bk, 1, a.k, plan.dim_qk_pad, a.dq,
+                 plan.dim_qk_pad);
+      StoreTile(a.dq, plan.dim_qk_pad, rows, E, T(1), dq, bp.dq_stride[2], bp.dq_stride[3]);
+    }
   }
-  StoreTile(a.dk, plan.dim_qk_pad, cols, static_cast<size_t>(p.dim_qk), T(1),
+  StoreTile(a.dk, plan.dim_qk_pad, cols, E, T(1),
             static_cast<T*>(bp.dk) + offset4(bp.dk_stride, b, h, j0, 0), bp.dk_stride[2],
             bp.dk_stride[3]);
   StoreTile(a.dv, plan.dim_v_pad, cols, static_cast<size_t>(p.dim_v), T(1),
             static_cast<T*>(bp.dv) + offset4(bp.dv_stride, b, h, j0, 0), bp.dv_stride[2],
             bp.dv_stride[3]);
+}
+
+// Single pass: every gradient of one (batch, head) slice.
+template <typename T>
+void HeadTask(void* ctx, std::int64_t task, int thread) {
+  const BackwardPlan<T>& plan = *static_cast<const BackwardPlan<T>*>(ctx);
+  const AttentionBackwardParams& bp = *plan.bp;
+  const AttentionParams& p = bp.fwd;
+  const std::int64_t b = task / p.heads, h = task % p.heads;
+  const auto a = plan.carve(plan.workspace + static_cast<size_t>(thread) * plan.scratch_elems);
+  const size_t E = static_cast<size_t>(p.dim_qk);
+  T* dq = static_cast<T*>(bp.dq) + offset4(bp.dq_stride, b, h, 0, 0);
+  for (std::int64_t i = 0; i < p.len_q; ++i) {
+    for (size_t e = 0; e < E; ++e) {
+      dq[i * bp.dq_stride[2] + static_cast<std::int64_t>(e) * bp.dq_stride[3]] = T(0);
+    }
+  }
+  for (std::int64_t j0 = 0; j0 < p.len_k; j0 += plan.tiles.block_k) {
+    KeyTile(plan, b, h, j0, /*with_dq=*/true, a);
+  }
+  const T scale = static_cast<T>(p.scale);
+  for (std::int64_t i = 0; i < p.len_q; ++i) {
+    for (size_t e = 0; e < E; ++e) {
+      dq[i * bp.dq_stride[2] + static_cast<std::int64_t>(e) * bp.dq_stride[3]] *= scale;
+    }
+  }
+}
+
+// Pass 1: dK and dV of one key tile.
+template <typename T>
+void KeyTileTask(void* ctx, std::int64_t task, int thread) {
+  const BackwardPlan<T>& plan = *static_cast<const BackwardPlan<T>*>(ctx);
+  const AttentionParams& p = plan.bp->fwd;
+  const std::int64_t bh = task / plan.k_tiles;
+  const std::int64_t b = bh / p.heads, h = bh % p.heads;
+  const std::int64_t j0 = (task % plan.k_tiles) * plan.tiles.block_k;
+  const auto a = plan.carve(plan.workspace + static_cast<size_t>(thread) * plan.scratch_elems);
+  KeyTile(plan, b, h, j0, /*with_dq=*/false, a);
 }
 
 // Pass 2: dQ of one query tile.
@@ -201,9 +258,7 @@ void QueryTileTask(void* ctx, std::int64_t task, int thread) {
 
   PackQueryTile(bp, plan, b, h, i0, rows, a);
   std::fill(a.dq, a.dq + rows * plan.dim_qk_pad, T(0));
-  const std::int64_t key_end =
-      p.is_causal ? std::min<std::int64_t>(p.len_k, i0 + static_cast<std::int64_t>(rows))
-                  : p.len_k;
+  const std::int64_t key_end = KeyEnd(p, i0, static_cast<std::int64_t>(rows));
   for (std::int64_t j0 = 0; j0 < key_end; j0 += plan.tiles.block_k) {
     const size_t cols = static_cast<size_t>(std::min(plan.tiles.block_k, p.len_k - j0));
     const size_t cols_pad = (cols + L - 1) / L * L;
@@ -239,8 +294,17 @@ Status Backward(const AttentionBackwardParams& bp, const Host& host) {
                                std::to_string(bytes) + " bytes of workspace");
   }
   plan.workspace = reinterpret_cast<T*>(ws.data());
-  run_tasks(host, p.batch * p.heads * plan.k_tiles, &plan, KeyTileTask<T>);
-  run_tasks(host, p.batch * p.heads * plan.q_tiles, &plan, QueryTileTask<T>);
+  // Cost in tile products per tile pair: 4 in one pass, 7 in two; one pass runs whole heads,
+  // so with fewer heads than threads some threads would idle.
+  const std::int64_t heads = p.batch * p.heads;
+  const double single_pass = 4.0 * static_cast<double>((heads + threads - 1) / threads);
+  const double two_pass = 7.0 * static_cast<double>(heads) / threads;
+  if (single_pass <= two_pass) {
+    run_tasks(host, heads, &plan, HeadTask<T>);
+  } else {
+    run_tasks(host, heads * plan.k_tiles, &plan, KeyTileTask<T>);
+    run_tasks(host, heads * plan.q_tiles, &plan, QueryTileTask<T>);
+  }
   return Status::Ok();
 }
 
