@@ -20,7 +20,7 @@ fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
 # torch==2.13.0 exactly: it is a local CPU build here; any other spec fetches CUDA wheels.
-.venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 numpy pytest
+.venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 numpy pytest matplotlib
 .venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" \
   || { echo "setup: torch 2.13.0 is not installed in .venv" >&2; exit 1; }
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation -e .

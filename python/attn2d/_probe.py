@@ -1,10 +1,15 @@
-"""Runs one attention case in a fresh process and prints its time and peak memory as JSON.
+"""Runs one case in a fresh process and prints its time and peak memory as JSON.
+
+A case is either bare attention ({"impl": "attn2d" | "unfused", "B", "H", "Lq", "Lk", "E",
+"Ev"}) or one of seed 000's blocks ({"block": "SelfAttention" | "SelfAttention2", "impl":
+"attn2d" | "original", "res", "channels", "batch"}), forward and (by default) backward.
 
 Peak memory is the resident set's high-water mark (VmHWM) after the inputs exist, minus the
 resident set at that moment: what the attention itself added, measured, not computed. The mark
 is reset first (/proc/self/clear_refs), so importing torch does not count.
 
     python -m attn2d._probe '{"impl": "attn2d", "B": 1, "H": 1, "Lq": 4096, ...}'
+    python -m attn2d._probe '{"block": "SelfAttention2", "impl": "original", "res": 64, ...}'
 """
 
 from __future__ import annotations
@@ -39,14 +44,12 @@ def _unfused(q, k, v, scale):
     return torch.matmul(torch.softmax(scores, dim=-1), v)
 
 
-def main(argv: list[str]) -> int:
-    case = json.loads(argv[1])
+def _attention_case(case):
+    """Inputs and the function to run for a bare attention case."""
     import torch
 
     import attn2d
 
-    if "threads" in case:
-        torch.set_num_threads(int(case["threads"]))
     dtype = getattr(torch, case.get("dtype", "float32"))
     B, H, Lq, Lk = case["B"], case["H"], case["Lq"], case["Lk"]
     E, Ev = case["E"], case["Ev"]
@@ -59,11 +62,36 @@ def main(argv: list[str]) -> int:
     grad = torch.randn(B, H, Lq, Ev, generator=gen, dtype=dtype)
     impl = case["impl"]
     if impl == "attn2d":
-        fn = lambda: attn2d.attention(q, k, v, scale=scale)  # noqa: E731
-    elif impl == "unfused":
-        fn = lambda: _unfused(q, k, v, scale)  # noqa: E731
-    else:
-        raise SystemExit(f"unknown impl {impl!r}")
+        return (lambda: attn2d.attention(q, k, v, scale=scale)), grad
+    if impl == "unfused":
+        return (lambda: _unfused(q, k, v, scale)), grad
+    raise SystemExit(f"unknown impl {impl!r}")
+
+
+def _block_case(case):
+    """Inputs and the function to run for one of seed 000's blocks."""
+    import torch
+
+    from attn2d.seed_blocks import make_pair
+
+    original, ours = make_pair(case["block"], int(case["channels"]))
+    module = {"original": original, "attn2d": ours}[case["impl"]]
+    gen = torch.Generator().manual_seed(int(case.get("seed", 0)))
+    shape = (int(case.get("batch", 1)), int(case["channels"]), int(case["res"]), int(case["res"]))
+    x = torch.randn(shape, generator=gen)
+    grad = torch.randn(shape, generator=gen)
+    return (lambda: module(x)), grad
+
+
+def main(argv: list[str]) -> int:
+    case = json.loads(argv[1])
+    import torch
+
+    if "threads" in case:
+        torch.set_num_threads(int(case["threads"]))
+    fn, grad = _block_case(case) if "block" in case else _attention_case(case)
+    backward = bool(case.get("backward", True))
+    impl = case["impl"]
 
     baseline_kib = _status_kib("VmRSS")
     reset = _reset_peak()

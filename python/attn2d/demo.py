@@ -1,12 +1,14 @@
-"""`attn2d demo`: seed 000's failing case (self-attention on a 256x256 feature map), run.
+"""`attn2d demo`: seed 000's failing case, run. A ProGAN with a self-attention block before
+toRGB trains at 32x32 and is killed at 256x256; here both of its blocks run forward and backward
+on (1, 64, 256, 256) with attn2d, beside the originals where they fit.
 
-Each row runs in its own subprocess so that its peak memory is measured, not computed; the
-unfused figure beside it is the lower bound that path would need (scores + probabilities).
-"""
+Every timed row runs in its own subprocess so that its peak memory is measured (resident-set
+growth over the inputs), not computed; the "unfused needs" column is the lower bound the
+original path cannot go under (scores + probabilities, float32)."""
 
 from __future__ import annotations
 
-import math
+import json
 import os
 import time
 from typing import Callable
@@ -15,79 +17,139 @@ import torch
 
 from .memory import format_bytes, measure, unfused_attention_bytes
 
+CHANNELS = 64
+BLOCKS = {
+    # name: (heads of its attention, description)
+    "SelfAttention": (4, "LayerNorm + nn.MultiheadAttention(64, 4 heads, E=Ev=16) + feed-forward"),
+    "SelfAttention2": (1, "1x1 convs: q, k at C/8 = 8, v at C = 64; unscaled; one head"),
+}
+RESOLUTIONS = (32, 64, 128, 256)
+# The originals are run only where their N x N matrices fit this 24 GiB machine comfortably.
+ORIGINAL_RESOLUTIONS = {"SelfAttention": (32, 64), "SelfAttention2": (32, 64, 128)}
 
-def _max_difference(side: int, E: int, Ev: int) -> float:
-    """attn2d against the unfused matmul-softmax-matmul path, outputs and gradients."""
-    import attn2d
 
-    n = side * side
-    gen = torch.Generator().manual_seed(0)
-    q, k = torch.randn(1, 1, n, E, generator=gen), torch.randn(1, 1, n, E, generator=gen)
-    v = torch.randn(1, 1, n, Ev, generator=gen)
-    grad = torch.randn(1, 1, n, Ev, generator=gen)
-    results = []
-    for fused in (True, False):
-        qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
-        if fused:
-            out = attn2d.attention(qq, kk, vv)
-        else:
-            s = qq @ kk.transpose(-1, -2) / math.sqrt(E)
-            out = torch.softmax(s, dim=-1) @ vv
-        out.backward(grad)
-        results.append([out.detach(), qq.grad, kk.grad, vv.grad])
-    return max(float((a - b).abs().max()) for a, b in zip(*results))
+def max_difference(block: str, res: int = 64) -> dict[str, float]:
+    """Largest |original - attn2d| over the output and over every parameter gradient."""
+    from .seed_blocks import make_pair
+
+    original, ours = make_pair(block, CHANNELS)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(1, CHANNELS, res, res, generator=gen)
+    grad = torch.randn(1, CHANNELS, res, res, generator=gen)
+    outs = []
+    for module in (original, ours):
+        y = module(x)
+        y.backward(grad)
+        outs.append((y.detach(), {n: p.grad for n, p in module.named_parameters()}))
+    (y0, g0), (y1, g1) = outs
+    return {
+        "output": float((y0 - y1).abs().max()),
+        "output_scale": float(y0.abs().max()),
+        "gradients": max(float((g0[n] - g1[n]).abs().max()) for n in g0),
+        "gradient_scale": max(float(g0[n].abs().max()) for n in g0),
+    }
+
+
+def _plot(results: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    for ax, block in zip(axes, BLOCKS):
+        heads = BLOCKS[block][0]
+        res = list(RESOLUTIONS)
+        bound = [unfused_attention_bytes(1, heads, r * r, r * r) / 2**20 for r in res]
+        ax.plot(res, bound, "k--", label="unfused: scores + probabilities (computed)")
+        for impl, style in (("original", "o-"), ("attn2d", "s-")):
+            pts = [(r["res"], r["peak_above_baseline_bytes"] / 2**20) for r in results
+                   if r["block"] == block and r["impl"] == impl]
+            if pts:
+                ax.plot(*zip(*pts), style, label=f"{impl} (measured)")
+        ax.axhline(24 * 1024, color="r", lw=0.8)
+        ax.text(res[0], 24 * 1024 * 1.15, "24 GiB (RTX 3090)", color="r", fontsize=8)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(res, [f"{r}x{r}" for r in res])
+        ax.set_xlabel("feature map")
+        ax.set_title(f"seed 000 {block}, forward + backward")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_ylabel("peak memory above inputs (MiB)")
+    axes[0].legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def run(out_dir: str = "attn2d-report", log: Callable[[str], None] = print) -> str:
-    """Runs the demo, prints its table and writes it as markdown; returns the report path."""
+    """Runs the demo, prints its table and writes the report; returns the report's path."""
     import attn2d
 
-    E, Ev = 8, 64  # SAGAN-style: q/k at C/8, v at C for C = 64
-    rows = []
-    header = (
-        "| map | tokens N | implementation | forward | backward | peak memory (measured) | "
-        "unfused path needs |"
-    )
+    os.makedirs(out_dir, exist_ok=True)
+    started = time.perf_counter()
     log(f"attn2d {attn2d.__version__}: CPU kernels on {attn2d.cpu_simd_target()}, "
-        f"{torch.get_num_threads()} threads; one head, E={E}, Ev={Ev}, float32")
-    plan = [(64, ("attn2d", "unfused")), (128, ("attn2d",)), (256, ("attn2d",))]
-    for side, impls in plan:
-        n = side * side
-        need = unfused_attention_bytes(1, 1, n, n)
-        for impl in impls:
-            log(f"  running {impl} forward+backward on a {side}x{side} map (N={n}) ...")
-            t0 = time.perf_counter()
-            r = measure(dict(impl=impl, B=1, H=1, Lq=n, Lk=n, E=E, Ev=Ev))
-            rows.append(
-                f"| {side}x{side} | {n} | {impl} | {r['forward_s']:.2f} s | "
-                f"{r['backward_s']:.2f} s | {format_bytes(r['peak_above_baseline_bytes'])} | "
-                f">= {format_bytes(need)} |"
-            )
-            log(f"    done in {time.perf_counter() - t0:.1f} s: " + rows[-1])
-    log("  checking attn2d against the unfused path at 64x64 (outputs and gradients) ...")
-    diff = _max_difference(64, E, Ev)
+        f"{torch.get_num_threads()} threads; input (1, {CHANNELS}, H, W), float32, "
+        "forward + backward")
+    plan = [(block, res, impl) for block in BLOCKS for res in RESOLUTIONS
+            for impl in ("original", "attn2d")
+            if impl == "attn2d" or res in ORIGINAL_RESOLUTIONS[block]]
+    results = []
+    for step, (block, res, impl) in enumerate(plan, 1):
+        log(f"[{step}/{len(plan)}] {block} {impl} at {res}x{res} ...")
+        t0 = time.perf_counter()
+        r = measure(dict(block=block, impl=impl, res=res, channels=CHANNELS, batch=1))
+        r.update(block=block, res=res)
+        results.append(r)
+        log(f"      forward {r['forward_s']:.2f} s, backward {r['backward_s']:.2f} s, peak "
+            f"{format_bytes(r['peak_above_baseline_bytes'])} ({time.perf_counter() - t0:.0f} s)")
+    log("checking attn2d against the originals at 64x64 (outputs and parameter gradients) ...")
+    diffs = {block: max_difference(block) for block in BLOCKS}
+
+    rows = []
+    for r in results:
+        heads = BLOCKS[r["block"]][0]
+        n = r["res"] ** 2
+        need = unfused_attention_bytes(1, heads, n, n)
+        rows.append(
+            f"| {r['block']} | {r['res']}x{r['res']} | {r['impl']} | {r['forward_s']:.2f} s | "
+            f"{r['backward_s']:.2f} s | {format_bytes(r['peak_above_baseline_bytes'])} | "
+            f">= {format_bytes(need)} |"
+        )
     lines = [
-        "# attn2d demo: self-attention on a feature map, forward and backward",
+        "# attn2d demo: seed 000's self-attention blocks, forward + backward",
         "",
-        f"CPU: {attn2d.cpu_simd_target()} kernels, {torch.get_num_threads()} threads. One image, "
-        f"one head, q/k width E={E}, v width Ev={Ev}, float32.",
-        "Peak memory: resident-set growth over the inputs, measured in a fresh subprocess. "
-        "'Unfused path needs': the Lq x Lk scores and probabilities that matmul + softmax + "
-        "matmul keeps for its backward (a lower bound).",
+        f"CPU: {attn2d.cpu_simd_target()} kernels, {torch.get_num_threads()} threads. Input "
+        f"(1, {CHANNELS}, H, W), float32.",
         "",
-        header,
+        *[f"- **{b}**: {desc}" for b, (_, desc) in BLOCKS.items()],
+        "",
+        "Peak memory is measured: resident-set growth over the inputs in a fresh subprocess. "
+        "'Unfused needs' is computed: the N x N scores and probabilities (per head) that the "
+        "original keeps for its backward, a lower bound. The originals run only where they fit.",
+        "",
+        "| block | map | implementation | forward | backward | peak memory (measured) | "
+        "unfused needs (computed) |",
         "|---|---|---|---|---|---|---|",
         *rows,
         "",
-        f"Largest difference between attn2d and the unfused path at 64x64 (output and "
-        f"gradients): {diff:.2e}.",
+        "Largest difference between the original and attn2d at 64x64 (same weights, float32):",
+        "",
+        *[f"- {b}: output {d['output']:.1e} (largest |output| {d['output_scale']:.1f}), "
+          f"parameter gradients {d['gradients']:.1e} (largest {d['gradient_scale']:.1f})"
+          for b, d in diffs.items()],
+        "",
+        "![peak memory against resolution](demo_memory.png)",
         "",
     ]
-    os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, "demo.md")
-    with open(path, "w") as f:
+    report = os.path.join(out_dir, "demo.md")
+    with open(report, "w") as f:
         f.write("\n".join(lines))
+    with open(os.path.join(out_dir, "demo.json"), "w") as f:
+        json.dump({"results": results, "max_difference_64x64": diffs}, f, indent=2)
+    _plot(results, os.path.join(out_dir, "demo_memory.png"))
     log("")
-    log("\n".join(lines))
-    log(f"report written to {path}")
-    return path
+    log("\n".join(lines[:-2]))
+    log(f"report: {report} and demo_memory.png, demo.json beside it "
+        f"({time.perf_counter() - started:.0f} s in all)")
+    return report

@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstdlib>
 #include <cstdint>
 #include <limits>
 
@@ -223,20 +224,33 @@ HWY_INLINE void SoftmaxGradRow(const T* HWY_RESTRICT p, T* HWY_RESTRICT dp, size
 // ---------------------------------------------------------------------------------------------
 // Packing: strided tensor slices into dense tiles (the only reads of user memory).
 
+// The loops below walk the source along its smaller stride: an NCHW conv output viewed as
+// (L, d) has stride 1 along L and H*W along d, so walking d first would touch one cache line
+// (and at 256x256 one page) per element.
+
 // dst[r * ld + c] = alpha * src[r * rs + c * cs] for r < rows, c < cols; zero for
 // c in [cols, ld) and for r in [rows, rows_pad).
 template <typename T>
 HWY_INLINE void PackRows(const T* HWY_RESTRICT src, std::int64_t rs, std::int64_t cs, size_t rows,
                          size_t cols, T alpha, T* HWY_RESTRICT dst, size_t ld, size_t rows_pad) {
-  for (size_t r = 0; r < rows; ++r) {
-    const T* s = src + static_cast<std::int64_t>(r) * rs;
-    T* o = dst + r * ld;
-    if (cs == 1) {
-      for (size_t c = 0; c < cols; ++c) o[c] = alpha * s[c];
-    } else {
-      for (size_t c = 0; c < cols; ++c) o[c] = alpha * s[static_cast<std::int64_t>(c) * cs];
+  if (cs == 1) {
+    for (size_t r = 0; r < rows; ++r) {
+      const T* s = src + static_cast<std::int64_t>(r) * rs;
+      for (size_t c = 0; c < cols; ++c) dst[r * ld + c] = alpha * s[c];
     }
-    for (size_t c = cols; c < ld; ++c) o[c] = T(0);
+  } else if (std::abs(rs) < std::abs(cs)) {
+    for (size_t c = 0; c < cols; ++c) {
+      const T* s = src + static_cast<std::int64_t>(c) * cs;
+      for (size_t r = 0; r < rows; ++r) dst[r * ld + c] = alpha * s[static_cast<std::int64_t>(r) * rs];
+    }
+  } else {
+    for (size_t r = 0; r < rows; ++r) {
+      const T* s = src + static_cast<std::int64_t>(r) * rs;
+      for (size_t c = 0; c < cols; ++c) dst[r * ld + c] = alpha * s[static_cast<std::int64_t>(c) * cs];
+    }
+  }
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t c = cols; c < ld; ++c) dst[r * ld + c] = T(0);
   }
   for (size_t r = rows; r < rows_pad; ++r) {
     for (size_t c = 0; c < ld; ++c) dst[r * ld + c] = T(0);
@@ -248,9 +262,21 @@ template <typename T>
 HWY_INLINE void PackTransposed(const T* HWY_RESTRICT src, std::int64_t rs, std::int64_t cs,
                                size_t rows, size_t cols, T* HWY_RESTRICT dst, size_t ld,
                                size_t rows_pad) {
-  for (size_t r = 0; r < rows; ++r) {
-    const T* s = src + static_cast<std::int64_t>(r) * rs;
-    for (size_t c = 0; c < cols; ++c) dst[c * ld + r] = s[static_cast<std::int64_t>(c) * cs];
+  if (std::abs(rs) < std::abs(cs)) {
+    for (size_t c = 0; c < cols; ++c) {
+      const T* s = src + static_cast<std::int64_t>(c) * cs;
+      T* o = dst + c * ld;
+      if (rs == 1) {
+        for (size_t r = 0; r < rows; ++r) o[r] = s[r];
+      } else {
+        for (size_t r = 0; r < rows; ++r) o[r] = s[static_cast<std::int64_t>(r) * rs];
+      }
+    }
+  } else {
+    for (size_t r = 0; r < rows; ++r) {
+      const T* s = src + static_cast<std::int64_t>(r) * rs;
+      for (size_t c = 0; c < cols; ++c) dst[c * ld + r] = s[static_cast<std::int64_t>(c) * cs];
+    }
   }
   for (size_t c = 0; c < cols; ++c) {
     for (size_t r = rows; r < rows_pad; ++r) dst[c * ld + r] = T(0);

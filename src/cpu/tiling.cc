@@ -20,7 +20,7 @@ TileSizes choose_tiles(std::int64_t len_q, std::int64_t len_k, std::int64_t dim_
   block_k = std::min(block_k, round_up(std::max<std::int64_t>(len_k, 1), g));
   // The score tile (block_q x block_k) stays near 16 K elements (64 KiB in float32); 128 rows
   // amortise packing each K/V tile (a strided gather) over enough multiply-adds.
-  std::int64_t block_q = std::clamp<std::int64_t>(16384 / block_k, 16, 128) / 4 * 4;
+  std::int64_t block_q = std::clamp<std::int64_t>(65536 / block_k, 16, 256) / 4 * 4;
   block_q = std::min(block_q, round_up(std::max<std::int64_t>(len_q, 1), 4));
   return TileSizes{block_q, block_k};
 }

@@ -8,49 +8,9 @@ import torch.nn.functional as F
 from torch import nn
 
 
-class SeedSelfAttention(nn.Module):
-    """Seed 000's "SelfAttention", verbatim but for its prints (square maps only)."""
-
-    def __init__(self, channels):
-        super().__init__()
-        self.channels = channels
-        num_heads = 4
-        self.mha = nn.MultiheadAttention(channels, num_heads, batch_first=True)
-        self.ln = nn.LayerNorm([channels])
-        self.ff_self = nn.Sequential(
-            nn.LayerNorm([channels]), nn.Linear(channels, channels), nn.GELU(),
-            nn.Linear(channels, channels),
-        )
-
-    def forward(self, x):
-        size = x.shape[3]
-        x = x.view(-1, self.channels, size * size).swapaxes(1, 2)
-        x_ln = self.ln(x)
-        attention_value, _ = self.mha(x_ln, x_ln, x_ln)
-        attention_value = attention_value + x
-        attention_value = self.ff_self(attention_value) + attention_value
-        return attention_value.swapaxes(2, 1).view(-1, self.channels, size, size)
-
-
-class SeedSelfAttention2(nn.Module):
-    """Seed 000's "SelfAttention2", verbatim."""
-
-    def __init__(self, channels):
-        super().__init__()
-        self.query = nn.Conv2d(channels, channels // 8, kernel_size=1)
-        self.key = nn.Conv2d(channels, channels // 8, kernel_size=1)
-        self.value = nn.Conv2d(channels, channels, kernel_size=1)
-        self.softmax = nn.Softmax(dim=-1)
-
-    def forward(self, x):
-        N, C, H, W = x.size()
-        query = self.query(x).view(N, -1, W * H).permute(0, 2, 1)
-        key = self.key(x).view(N, -1, W * H)
-        energy = torch.bmm(query, key)
-        attention = self.softmax(energy)
-        value = self.value(x).view(N, -1, W * H)
-        out = torch.bmm(value, attention.permute(0, 2, 1))
-        return out.view(N, C, H, W)
+# Seed 000's blocks, verbatim, live in the package (the demo runs them too).
+from attn2d.seed_blocks import SelfAttention as SeedSelfAttention  # noqa: E402,F401
+from attn2d.seed_blocks import SelfAttention2 as SeedSelfAttention2  # noqa: E402,F401
 
 
 def unfused(q, k, v, scale):
