@@ -17,7 +17,8 @@ TEST(Tiling, TilesAreWholeVectorsAndRowBlocks) {
           EXPECT_LE(t.block_k, 256);
           EXPECT_EQ(t.block_q % 4, 0);
           EXPECT_GE(t.block_q, 4);
-          EXPECT_LE(t.block_q, 128);
+          EXPECT_LE(t.block_q, 256);
+          EXPECT_LE(t.block_q * t.block_k, 65536);
           // Never much larger than the problem.
           EXPECT_LE(t.block_k, round_up(len, 16));
           EXPECT_LE(t.block_q, round_up(len, 4));
