@@ -68,7 +68,8 @@ def _plot(results: list[dict], path: str) -> None:
             if pts:
                 ax.plot(*zip(*pts), style, label=f"{impl} (measured)")
         ax.axhline(24 * 1024, color="r", lw=0.8)
-        ax.text(res[0], 24 * 1024 * 1.15, "24 GiB (RTX 3090)", color="r", fontsize=8)
+        ax.text(res[-1], 24 * 1024 * 1.15, "24 GiB (RTX 3090)", color="r", fontsize=8,
+                ha="right")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xticks(res, [f"{r}x{r}" for r in res])
