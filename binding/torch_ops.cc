@@ -11,6 +11,7 @@
 #include <string>
 
 #include "attn2d/attention.h"
+#include "attn2d/fma_peak.h"
 
 namespace attn2d {
 namespace binding {
@@ -199,6 +200,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
 
 std::string cpu_simd_target() { return attn2d::cpu_simd_target(); }
 
+double fma_peak_gflops(double seconds) {
+  TORCH_CHECK_VALUE(seconds > 0 && seconds <= 60, "attn2d.fma_peak_gflops: seconds must be in "
+                    "(0, 60]; got ", seconds);
+  return attn2d::measure_fma_peak_gflops(torch_host(), seconds);
+}
+
 }  // namespace
 }  // namespace binding
 }  // namespace attn2d
@@ -212,6 +219,7 @@ TORCH_LIBRARY(attn2d, m) {
       "Tensor? attn_mask, bool is_causal, float scale) -> (Tensor grad_q, Tensor grad_k, "
       "Tensor grad_v)");
   m.def("cpu_simd_target() -> str", &attn2d::binding::cpu_simd_target);
+  m.def("fma_peak_gflops(float seconds=0.2) -> float", &attn2d::binding::fma_peak_gflops);
 }
 
 TORCH_LIBRARY_IMPL(attn2d, CPU, m) {

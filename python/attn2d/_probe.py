@@ -1,6 +1,6 @@
 """Runs one case in a fresh process and prints its time and peak memory as JSON.
 
-A case is either bare attention ({"impl": "attn2d" | "unfused" | "sdpa-math", "B", "H", "Lq", "Lk", "E",
+A case is either bare attention ({"impl": "attn2d" or a name in attn2d.peers.PEERS, "B", "H", "Lq", "Lk", "E",
 "Ev"}) or one of seed 000's blocks ({"block": "SelfAttention" | "SelfAttention2", "impl":
 "attn2d" | "original", "res", "channels", "batch"}), forward and (by default) backward.
 
@@ -37,11 +37,7 @@ def _reset_peak() -> bool:
         return False
 
 
-def _unfused(q, k, v, scale):
-    import torch
-
-    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
-    return torch.matmul(torch.softmax(scores, dim=-1), v)
+from .peers import PEERS  # noqa: E402
 
 
 def _attention_case(case):
@@ -63,16 +59,8 @@ def _attention_case(case):
     impl = case["impl"]
     if impl == "attn2d":
         return (lambda: attn2d.attention(q, k, v, scale=scale)), grad
-    if impl == "unfused":
-        return (lambda: _unfused(q, k, v, scale)), grad
-    if impl == "sdpa-math":
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        def sdpa_math():
-            with sdpa_kernel(SDPBackend.MATH):
-                return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale)
-
-        return sdpa_math, grad
+    if impl in PEERS:
+        return (lambda: PEERS[impl](q, k, v, scale)), grad
     raise SystemExit(f"unknown impl {impl!r}")
 
 

@@ -17,9 +17,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     demo.add_argument("--out", default="attn2d-report", help="folder for the markdown report")
     _add_plan_parser(sub)
+    bench = sub.add_parser("bench", help="attn2d side by side with PyTorch's CPU attention")
+    bench.add_argument("--out", default="attn2d-report", help="folder for bench.json/.md/.png")
+    bench.add_argument("--reps", type=int, default=5, help="timed runs per measurement")
+    bench.add_argument("--quick", action="store_true", help="two small cases only")
+    bench.add_argument("--no-memory", action="store_true", help="skip the subprocess memory runs")
     args = parser.parse_args(argv)
     if args.command == "plan":
         return _plan(parser, args)
+    if args.command == "bench":
+        from . import bench as bench_module
+
+        try:
+            bench_module.run(args.out, cases=bench_module.quick_cases() if args.quick else None,
+                             reps=args.reps, with_memory=not args.no_memory,
+                             log=lambda line: print(line, flush=True))
+        except ValueError as err:
+            print(f"attn2d bench: error: {err}", file=sys.stderr)
+            return 2
+        return 0
     if args.command == "demo":
         from . import demo as demo_module
 

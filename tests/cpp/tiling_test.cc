@@ -46,3 +46,18 @@ TEST(Tiling, IsAPureFunction) {
 }  // namespace
 }  // namespace cpu
 }  // namespace attn2d
+
+#include "attn2d/fma_peak.h"
+#include "attn2d/host.h"
+
+namespace attn2d {
+namespace {
+
+TEST(FmaPeak, MeasuresAPositiveRate) {
+  const double gflops = measure_fma_peak_gflops(serial_host(), 0.01);
+  EXPECT_GT(gflops, 0.5);
+  EXPECT_LT(gflops, 1e5);
+}
+
+}  // namespace
+}  // namespace attn2d

@@ -1,0 +1,227 @@
+"""`attn2d bench`: attn2d side by side with PyTorch's CPU attention paths, in one run.
+
+Every case runs attn2d and each peer (attn2d.peers) on the same inputs, in the same process:
+forward, backward and forward+backward, each the median of `reps` runs after a warm-up. Rates are
+GFLOP/s (forward 2*B*H*Lq*Lk*(E+Ev), backward 2.5x that) and the fraction of the FMA peak that
+the harness measures on this machine first. Peak memory comes from a fresh subprocess per case
+and implementation (attn2d.memory.measure). A peer that refuses the input (the CPU flash kernel
+when Ev != E) is reported with torch's reason. Writes bench.json, bench.md and bench.png."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from typing import Callable, Optional
+
+import torch
+
+from .memory import format_bytes, measure
+from .peers import PEERS
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    B: int
+    H: int
+    Lq: int
+    Lk: int
+    E: int
+    Ev: int
+
+    def forward_flops(self) -> float:
+        return 2.0 * self.B * self.H * self.Lq * self.Lk * (self.E + self.Ev)
+
+
+def default_cases() -> list[Case]:
+    cases = []
+    for side in (64, 128):
+        n = side * side
+        for ev in (64, 32):
+            cases.append(Case(f"SAGAN {side}x{side} E=8 Ev={ev}", 1, 1, n, n, 8, ev))
+            cases.append(Case(f"SAGAN {side}x{side} E=8 Ev={ev} pooled keys", 1, 1, n, n // 4, 8, ev))
+        cases.append(Case(f"seed000 MHA {side}x{side} 4x16", 1, 4, n, n, 16, 16))
+    for n in (196, 1024, 4096):
+        cases.append(Case(f"ViT-B N={n}", 1, 12, n, n, 64, 64))
+    for m in (77, 1024):
+        cases.append(Case(f"cross-attention 4096 over {m}", 1, 8, 4096, m, 64, 64))
+    return cases
+
+
+def quick_cases() -> list[Case]:
+    return [Case("SAGAN 32x32 E=8 Ev=64", 1, 1, 1024, 1024, 8, 64),
+            Case("ViT-B N=196", 1, 12, 196, 196, 64, 64)]
+
+
+def _median_time(fn: Callable[[], object], reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _time_impl(fn, q, k, v, scale, reps: int) -> dict:
+    grad = torch.randn(q.shape[:-1] + (v.shape[-1],))
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+
+    def forward():
+        with torch.no_grad():
+            return fn(q, k, v, scale)
+
+    def forward_backward():
+        out = fn(*leaves, scale)
+        out.backward(grad)
+
+    forward()  # warm-up (and the refusal, if any)
+    forward_backward()
+    t_fwd = _median_time(forward, reps)
+    t_fb = _median_time(forward_backward, reps)
+    # Backward alone: the forward is run outside the timed region each time.
+    times = []
+    for _ in range(reps):
+        out = fn(*leaves, scale)
+        t0 = time.perf_counter()
+        out.backward(grad)
+        times.append(time.perf_counter() - t0)
+    return {"forward_s": t_fwd, "backward_s": statistics.median(times), "fwd_bwd_s": t_fb}
+
+
+def run_case(case: Case, reps: int, peers: list[str], with_memory: bool) -> dict:
+    import attn2d
+
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(case.B, case.H, case.Lq, case.E, generator=gen)
+    k = torch.randn(case.B, case.H, case.Lk, case.E, generator=gen)
+    v = torch.randn(case.B, case.H, case.Lk, case.Ev, generator=gen)
+    scale = 1.0 / math.sqrt(case.E)
+    impls = {"attn2d": lambda q, k, v, s: attn2d.attention(q, k, v, scale=s)}
+    impls.update({name: PEERS[name] for name in peers})
+    results = {}
+    for name, fn in impls.items():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                r = _time_impl(fn, q, k, v, scale, reps)
+            except RuntimeError as err:
+                reasons = [str(w.message) for w in caught if "kernel not used" not in str(w.message)]
+                results[name] = {"refused": (reasons[-1] if reasons else str(err)).splitlines()[0]}
+                continue
+        fl = case.forward_flops()
+        r["forward_gflops"] = fl / r["forward_s"] / 1e9
+        r["backward_gflops"] = 2.5 * fl / r["backward_s"] / 1e9
+        if with_memory:
+            m = measure(dict(impl=name, B=case.B, H=case.H, Lq=case.Lq, Lk=case.Lk, E=case.E,
+                             Ev=case.Ev))
+            r["peak_bytes"] = m["peak_above_baseline_bytes"]
+        results[name] = r
+    ours = results["attn2d"]
+    for name, r in results.items():
+        if name != "attn2d" and "refused" not in r:
+            r["attn2d_speedup_forward"] = r["forward_s"] / ours["forward_s"]
+            r["attn2d_speedup_backward"] = r["backward_s"] / ours["backward_s"]
+            r["attn2d_speedup_fwd_bwd"] = r["fwd_bwd_s"] / ours["fwd_bwd_s"]
+    return {"case": asdict(case), "results": results}
+
+
+def _markdown(report: dict) -> str:
+    peak = report["fma_peak_gflops"]
+    lines = [
+        "# attn2d bench",
+        "",
+        f"{report['machine']}; FMA peak measured {peak:.0f} GFLOP/s (float32, "
+        f"{report['threads']} threads). Times are medians of {report['reps']} runs after a "
+        "warm-up; 'x attn2d' is the peer's time over attn2d's (above 1: attn2d is faster).",
+        "",
+        "| case | implementation | forward | backward | fwd+bwd | fwd GFLOP/s (% peak) | "
+        "bwd GFLOP/s | x attn2d fwd / bwd | peak memory |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in report["cases"]:
+        for name, r in c["results"].items():
+            if "refused" in r:
+                lines.append(f"| {c['case']['name']} | {name} | refused: {r['refused'][:90]} "
+                             "| | | | | | |")
+                continue
+            ratio = ("" if name == "attn2d" else
+                     f"{r['attn2d_speedup_forward']:.2f} / {r['attn2d_speedup_backward']:.2f}")
+            mem = format_bytes(r["peak_bytes"]) if "peak_bytes" in r else ""
+            lines.append(
+                f"| {c['case']['name']} | {name} | {1e3 * r['forward_s']:.1f} ms | "
+                f"{1e3 * r['backward_s']:.1f} ms | {1e3 * r['fwd_bwd_s']:.1f} ms | "
+                f"{r['forward_gflops']:.1f} ({100 * r['forward_gflops'] / peak:.0f}%) | "
+                f"{r['backward_gflops']:.1f} | {ratio} | {mem} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def _plot(report: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [c["case"]["name"] for c in report["cases"]]
+    impls = ["attn2d"] + report["peers"]
+    fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(names)), 4.5))
+    width = 0.8 / len(impls)
+    for i, impl in enumerate(impls):
+        vals = [c["results"].get(impl, {}).get("fwd_bwd_s", float("nan")) for c in report["cases"]]
+        base = [c["results"]["attn2d"]["fwd_bwd_s"] for c in report["cases"]]
+        ax.bar([x + i * width for x in range(len(names))],
+               [b / v if v == v else 0 for v, b in zip(vals, base)], width, label=impl)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(names))], names, rotation=35,
+                  ha="right", fontsize=7)
+    ax.set_ylabel("speed relative to attn2d (fwd+bwd)")
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.legend(fontsize=8)
+    ax.set_title("forward + backward speed relative to attn2d (higher is faster; 0 = refused)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run(out_dir: str = "attn2d-report", *, cases: Optional[list[Case]] = None, reps: int = 5,
+        peers: Optional[list[str]] = None, with_memory: bool = True,
+        log: Callable[[str], None] = print) -> dict:
+    import platform
+
+    import attn2d
+
+    if reps < 1:
+        raise ValueError(f"attn2d bench: reps must be >= 1; got {reps}")
+    cases = default_cases() if cases is None else cases
+    peers = list(PEERS) if peers is None else peers
+    unknown = [p for p in peers if p not in PEERS]
+    if unknown:
+        raise ValueError(f"attn2d bench: unknown peers {unknown}; choose from {list(PEERS)}")
+    peak = float(torch.ops.attn2d.fma_peak_gflops(0.3))
+    report = {
+        "machine": f"{platform.processor() or platform.machine()}, attn2d on "
+                   f"{attn2d.cpu_simd_target()}, torch {torch.__version__}",
+        "threads": torch.get_num_threads(),
+        "fma_peak_gflops": peak,
+        "reps": reps,
+        "peers": peers,
+        "cases": [],
+    }
+    log(f"FMA peak: {peak:.0f} GFLOP/s on {torch.get_num_threads()} threads")
+    for i, case in enumerate(cases, 1):
+        log(f"[{i}/{len(cases)}] {case.name} ...")
+        report["cases"].append(run_case(case, reps, peers, with_memory))
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "bench.json"), "w") as f:
+        json.dump(report, f, indent=2)
+    md = _markdown(report)
+    with open(os.path.join(out_dir, "bench.md"), "w") as f:
+        f.write(md)
+    _plot(report, os.path.join(out_dir, "bench.png"))
+    log(md)
+    log(f"written: {out_dir}/bench.json, bench.md, bench.png")
+    return report

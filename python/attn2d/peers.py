@@ -1,0 +1,36 @@
+"""The PyTorch implementations attn2d is compared with, each f(q, k, v, scale) -> out.
+
+"unfused" is the matmul-softmax-matmul path of the seed code; the sdpa-* entries force one
+backend of torch's scaled_dot_product_attention (and raise where that backend refuses the input,
+e.g. the CPU flash kernel when Ev != E); "sdpa" lets torch choose."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+
+def unfused(q, k, v, scale):
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    return torch.matmul(torch.softmax(scores, dim=-1), v)
+
+
+def sdpa(q, k, v, scale):
+    return F.scaled_dot_product_attention(q, k, v, scale=scale)
+
+
+def _forced(backend):
+    def run(q, k, v, scale):
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, scale=scale)
+
+    return run
+
+
+PEERS = {
+    "unfused": unfused,
+    "sdpa": sdpa,
+    "sdpa-math": _forced(SDPBackend.MATH),
+    "sdpa-flash": _forced(SDPBackend.FLASH_ATTENTION),
+}

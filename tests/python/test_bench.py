@@ -1,0 +1,44 @@
+"""`attn2d bench`: one run holds attn2d and every peer on the same case, with medians, ratios,
+rates against the measured FMA peak, and memory from subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from attn2d import bench
+from attn2d.cli import main as cli_main
+
+
+def test_fma_peak_is_measured_and_plausible():
+    peak = float(torch.ops.attn2d.fma_peak_gflops(0.05))
+    assert 1.0 < peak < 100000.0
+    with pytest.raises(ValueError, match="seconds"):
+        torch.ops.attn2d.fma_peak_gflops(0.0)
+
+
+def test_side_by_side_report(tmp_path):
+    case = bench.Case("tiny E=8 Ev=16", 1, 2, 64, 48, 8, 16)
+    report = bench.run(str(tmp_path), cases=[case], reps=2, peers=["unfused", "sdpa-flash"],
+                       with_memory=True, log=lambda line: None)
+    results = report["cases"][0]["results"]
+    ours, peer = results["attn2d"], results["unfused"]
+    for key in ("forward_s", "backward_s", "fwd_bwd_s", "forward_gflops", "peak_bytes"):
+        assert ours[key] > 0 and peer[key] > 0
+    assert peer["attn2d_speedup_forward"] == pytest.approx(peer["forward_s"] / ours["forward_s"])
+    assert "same last dimension" in results["sdpa-flash"]["refused"]  # Ev != E on the CPU
+    with open(tmp_path / "bench.json") as f:
+        assert json.load(f)["cases"][0]["case"]["name"] == case.name
+    md = (tmp_path / "bench.md").read_text()
+    assert "| tiny E=8 Ev=16 | unfused |" in md and "refused" in md
+    assert os.path.getsize(tmp_path / "bench.png") > 1000
+
+
+def test_bad_arguments_are_clear_errors(capsys):
+    assert cli_main(["bench", "--reps", "0", "--quick", "--no-memory"]) == 2
+    assert "reps" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="unknown peers"):
+        bench.run("unused", cases=[], peers=["tensorflow"], log=lambda line: None)
