@@ -2,8 +2,8 @@
 
 import torch
 
-from . import nn
-from .functional import attention
+from . import nn, patterns
+from .functional import attention, attention2d
 
 __version__ = "0.1.0"
 
@@ -13,4 +13,4 @@ def cpu_simd_target() -> str:
     return torch.ops.attn2d.cpu_simd_target()
 
 
-__all__ = ["attention", "cpu_simd_target", "nn", "__version__"]
+__all__ = ["attention", "attention2d", "cpu_simd_target", "nn", "patterns", "__version__"]

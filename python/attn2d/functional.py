@@ -34,3 +34,54 @@ def attention(
     scale = _checks.resolve_scale(fn, scale, q.shape[-1])
     out, _ = torch.ops.attn2d.attention_forward(q, k, v, attn_mask, is_causal, scale)
     return out
+
+
+def _check_grid_tensor(fn: str, name: str, t: object, what: str) -> torch.Tensor:
+    _checks.check_tensor(fn, name, t)
+    if t.dim() != 5:
+        raise ValueError(f"{fn}: {name} must be 5-D {what}; got shape {tuple(t.shape)}")
+    return t
+
+
+def attention2d(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    pattern=None,
+    scale: Optional[float] = None,
+) -> torch.Tensor:
+    """Attention between pixels: q (B, heads, Hq, Wq, E), k (B, heads, Hk, Wk, E),
+    v (B, heads, Hk, Wk, Ev) -> (B, heads, Hq, Wq, Ev).
+
+    The key grid may be smaller than the query grid (pooled keys and values, as in SAGAN,
+    BigGAN and YLG): query pixel (i, j) is centred at key pixel (i*Hk//Hq, j*Wk//Wq).
+    pattern=None is global attention; attn2d.patterns.Window and YLG restrict each query to
+    its pattern's keys (pattern.dense_mask shows which).
+    """
+    fn = "attn2d.attention2d"
+    _check_grid_tensor(fn, "q", q, "(B, heads, Hq, Wq, E)")
+    _check_grid_tensor(fn, "k", k, "(B, heads, Hk, Wk, E)")
+    _check_grid_tensor(fn, "v", v, "(B, heads, Hk, Wk, Ev)")
+    if v.shape[2:4] != k.shape[2:4]:
+        raise ValueError(
+            f"{fn}: v's grid {tuple(v.shape[2:4])} must equal k's grid {tuple(k.shape[2:4])}"
+        )
+    B, H, Hq, Wq, _ = q.shape
+    Hk, Wk = k.shape[2], k.shape[3]
+    if pattern is not None:
+        from . import patterns as _patterns
+
+        if not isinstance(pattern, (_patterns.Window, _patterns.YLG)):
+            raise TypeError(
+                f"{fn}: pattern must be None, attn2d.patterns.Window or attn2d.patterns.YLG; "
+                f"got {type(pattern).__name__}"
+            )
+        pattern.check((Hq, Wq), (Hk, Wk), H)
+        raise NotImplementedError(
+            f"{fn}: the fused kernels for local and sparse patterns are not built yet. For small "
+            "maps, attn2d.attention(q, k, v, attn_mask=pattern.dense_mask(...)) computes the same "
+            "result with an Hq*Wq x Hk*Wk mask"
+        )
+    out = attention(q.flatten(2, 3), k.flatten(2, 3), v.flatten(2, 3), scale=scale)
+    return out.unflatten(2, (Hq, Wq))
