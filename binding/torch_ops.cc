@@ -157,13 +157,13 @@ std::tuple<at::Tensor, at::Tensor> attention_forward(const at::Tensor& q, const 
   return {out, lse};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
+std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_with_layout(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse, const std::optional<at::Tensor>& attn_mask,
-    bool is_causal, double scale) {
-  const char* op = "attn2d.attention_backward";
+    bool is_causal, double scale, const SparseLayout* layout, const char* op) {
   AttentionBackwardParams bp;
   bp.fwd = make_params(q, k, v, attn_mask, is_causal, scale, op);
+  bp.fwd.layout = layout;
   AttentionParams& p = bp.fwd;
   for (const auto& [t, name] : {std::pair<const at::Tensor&, const char*>{grad_out, "grad_out"},
                                 {out, "out"}}) {
@@ -198,6 +198,96 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
   return {dq, dk, dv};
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& lse, const std::optional<at::Tensor>& attn_mask,
+    bool is_causal, double scale) {
+  return backward_with_layout(grad_out, q, k, v, out, lse, attn_mask, is_causal, scale, nullptr,
+                              "attn2d.attention_backward");
+}
+
+// The layout tensors, in the order attn2d/_layout.py packs them.
+constexpr int kLayoutTensors = 12;
+
+SparseLayout make_layout(const at::TensorList& t, std::int64_t block_q, const char* op) {
+  TORCH_CHECK_VALUE(t.size() == kLayoutTensors, op, ": layout must hold ", kLayoutTensors,
+                    " tensors (build it with attn2d.patterns); got ", t.size());
+  const at::ScalarType want[kLayoutTensors] = {
+      at::kInt, at::kLong, at::kLong, at::kInt, at::kInt, at::kLong,
+      at::kInt, at::kLong, at::kLong, at::kInt, at::kLong, at::kLong};
+  for (int i = 0; i < kLayoutTensors; ++i) {
+    TORCH_CHECK_VALUE(t[i].device().is_cpu() && t[i].is_contiguous() &&
+                          t[i].scalar_type() == want[i],
+                      op, ": layout tensor ", i, " must be a contiguous CPU ", want[i],
+                      " tensor; got ", t[i].scalar_type(), " on ", t[i].device());
+  }
+  SparseLayout lay;
+  lay.block_q = block_q;
+  lay.block_k = 64;
+  lay.head_layout = t[0].data_ptr<std::int32_t>();
+  lay.q_tile_begin = t[1].data_ptr<std::int64_t>();
+  lay.k_tile_begin = t[2].data_ptr<std::int64_t>();
+  lay.num_layouts = t[1].numel() - 1;
+  lay.q_rows = t[3].data_ptr<std::int32_t>();
+  lay.k_rows = t[4].data_ptr<std::int32_t>();
+  lay.fwd_begin = t[5].data_ptr<std::int64_t>();
+  lay.fwd_k_tile = t[6].data_ptr<std::int32_t>();
+  lay.fwd_mask = t[7].data_ptr<std::int64_t>();
+  lay.bwd_begin = t[8].data_ptr<std::int64_t>();
+  lay.bwd_q_tile = t[9].data_ptr<std::int32_t>();
+  lay.bwd_mask = t[10].data_ptr<std::int64_t>();
+  lay.num_masks = t[11].size(0);
+  lay.masks = reinterpret_cast<const std::uint64_t*>(t[11].data_ptr<std::int64_t>());
+  // Sizes the kernels rely on, beyond what attn2d::validate checks through the pointers.
+  const std::int64_t q_tiles = t[3].numel() / std::max<std::int64_t>(block_q, 1);
+  const std::int64_t k_tiles = t[4].numel() / 64;
+  TORCH_CHECK_VALUE(t[3].numel() == q_tiles * block_q && t[4].numel() == k_tiles * 64 &&
+                        t[11].dim() == 2 && t[11].size(1) == block_q &&
+                        t[5].numel() == q_tiles + 1 && t[8].numel() == k_tiles + 1 &&
+                        t[1].numel() >= 2 && t[2].numel() == t[1].numel() &&
+                        t[1][-1].item<std::int64_t>() == q_tiles &&
+                        t[2][-1].item<std::int64_t>() == k_tiles &&
+                        t[6].numel() == t[5][-1].item<std::int64_t>() &&
+                        t[7].numel() == t[6].numel() &&
+                        t[9].numel() == t[8][-1].item<std::int64_t>() &&
+                        t[10].numel() == t[9].numel(),
+                    op, ": the layout's tensors have inconsistent sizes");
+  return lay;
+}
+
+std::tuple<at::Tensor, at::Tensor> attention2d_forward(const at::Tensor& q, const at::Tensor& k,
+                                                       const at::Tensor& v,
+                                                       at::TensorList layout,
+                                                       std::int64_t block_q, double scale) {
+  const char* op = "attn2d.attention2d_forward";
+  AttentionParams p = make_params(q, k, v, std::nullopt, false, scale, op);
+  TORCH_CHECK_VALUE(layout.size() == kLayoutTensors && layout[0].numel() == p.heads, op,
+                    ": the layout has ", layout.empty() ? 0 : layout[0].numel(),
+                    " heads but q has ", p.heads);
+  const SparseLayout lay = make_layout(layout, block_q, op);
+  p.layout = &lay;
+  // Rows outside every query tile keep out = 0 and lse = -inf (fully masked).
+  at::Tensor out = at::zeros({p.batch, p.heads, p.len_q, p.dim_v}, q.options());
+  at::Tensor lse = at::full({p.batch, p.heads, p.len_q}, -INFINITY, q.options());
+  p.out = out.data_ptr();
+  copy_strides(out, p.out_stride);
+  p.lse = lse.data_ptr();
+  copy_strides(lse, p.lse_stride);
+  raise_unless_ok(attn2d::attention_forward(p, torch_host()), op);
+  return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention2d_backward(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& lse, at::TensorList layout, std::int64_t block_q,
+    double scale) {
+  const char* op = "attn2d.attention2d_backward";
+  TORCH_CHECK_VALUE(layout.size() == kLayoutTensors && layout[0].numel() == q.size(1), op,
+                    ": the layout's head count does not match q");
+  const SparseLayout lay = make_layout(layout, block_q, op);
+  return backward_with_layout(grad_out, q, k, v, out, lse, std::nullopt, false, scale, &lay, op);
+}
+
 std::string cpu_simd_target() { return attn2d::cpu_simd_target(); }
 
 double fma_peak_gflops(double seconds) {
@@ -218,6 +308,13 @@ TORCH_LIBRARY(attn2d, m) {
       "attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
       "Tensor? attn_mask, bool is_causal, float scale) -> (Tensor grad_q, Tensor grad_k, "
       "Tensor grad_v)");
+  m.def(
+      "attention2d_forward(Tensor q, Tensor k, Tensor v, Tensor[] layout, int block_q, "
+      "float scale) -> (Tensor out, Tensor lse)");
+  m.def(
+      "attention2d_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, "
+      "Tensor lse, Tensor[] layout, int block_q, float scale) -> (Tensor grad_q, Tensor grad_k, "
+      "Tensor grad_v)");
   m.def("cpu_simd_target() -> str", &attn2d::binding::cpu_simd_target);
   m.def("fma_peak_gflops(float seconds=0.2) -> float", &attn2d::binding::fma_peak_gflops);
 }
@@ -225,4 +322,6 @@ TORCH_LIBRARY(attn2d, m) {
 TORCH_LIBRARY_IMPL(attn2d, CPU, m) {
   m.impl("attention_forward", &attn2d::binding::attention_forward);
   m.impl("attention_backward", &attn2d::binding::attention_backward);
+  m.impl("attention2d_forward", &attn2d::binding::attention2d_forward);
+  m.impl("attention2d_backward", &attn2d::binding::attention2d_backward);
 }

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "attn2d/dtype.h"
+#include "attn2d/sparse_layout.h"
 
 namespace attn2d {
 
@@ -44,6 +45,9 @@ struct AttentionParams {
   // with `mask`.
   bool is_causal = false;
   double scale = 1.0;  // multiplies q.k before the mask is added
+  // A sparse pattern over raster-ordered queries and keys (len_q, len_k = grid sizes); null:
+  // dense attention. Excludes `mask` and `is_causal`.
+  const SparseLayout* layout = nullptr;
 };
 
 struct AttentionBackwardParams {

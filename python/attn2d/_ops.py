@@ -66,6 +66,39 @@ torch.library.register_autograd(
 )
 
 
+@torch.library.register_fake("attn2d::attention2d_forward")
+def _attention2d_forward_fake(q, k, v, layout, block_q, scale):
+    _checks.check_attention("attn2d.attention2d_forward", q, k, v, None, check_device=False)
+    B, H, Lq, _ = q.shape
+    return q.new_empty((B, H, Lq, v.shape[-1])), q.new_empty((B, H, Lq))
+
+
+@torch.library.register_fake("attn2d::attention2d_backward")
+def _attention2d_backward_fake(grad_out, q, k, v, out, lse, layout, block_q, scale):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _forward2d_setup_context(ctx, inputs, output):
+    q, k, v, layout, block_q, scale = inputs
+    out, lse = output
+    ctx.mark_non_differentiable(lse)
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.layout, ctx.block_q, ctx.scale = layout, block_q, scale
+
+
+def _forward2d_backward(ctx, grad_out, grad_lse):
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = torch.ops.attn2d.attention2d_backward(
+        grad_out, q, k, v, out, lse, ctx.layout, ctx.block_q, ctx.scale
+    )
+    return dq, dk, dv, [None] * len(ctx.layout), None, None
+
+
+torch.library.register_autograd(
+    "attn2d::attention2d_forward", _forward2d_backward, setup_context=_forward2d_setup_context
+)
+
+
 def _backward_setup_context(ctx, inputs, output):
     pass
 
@@ -79,6 +112,5 @@ def _backward_backward(ctx, *grads):
     )
 
 
-torch.library.register_autograd(
-    "attn2d::attention_backward", _backward_backward, setup_context=_backward_setup_context
-)
+for _op in ("attn2d::attention_backward", "attn2d::attention2d_backward"):
+    torch.library.register_autograd(_op, _backward_backward, setup_context=_backward_setup_context)

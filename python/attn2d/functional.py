@@ -78,10 +78,14 @@ def attention2d(
                 f"got {type(pattern).__name__}"
             )
         pattern.check((Hq, Wq), (Hk, Wk), H)
-        raise NotImplementedError(
-            f"{fn}: the fused kernels for local and sparse patterns are not built yet. For small "
-            "maps, attn2d.attention(q, k, v, attn_mask=pattern.dense_mask(...)) computes the same "
-            "result with an Hq*Wq x Hk*Wk mask"
+        from . import _layout
+
+        q4, k4, v4 = q.flatten(2, 3), k.flatten(2, 3), v.flatten(2, 3)
+        _checks.check_attention(fn, q4, k4, v4, None)
+        layout = list(_layout.build(pattern, (Hq, Wq), (Hk, Wk), H))
+        out, _ = torch.ops.attn2d.attention2d_forward(
+            q4, k4, v4, layout, _layout.BLOCK_Q, _checks.resolve_scale(fn, scale, q.shape[-1])
         )
+        return out.unflatten(2, (Hq, Wq))
     out = attention(q.flatten(2, 3), k.flatten(2, 3), v.flatten(2, 3), scale=scale)
     return out.unflatten(2, (Hq, Wq))

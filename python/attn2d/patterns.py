@@ -123,30 +123,34 @@ class Window:
         t = torch.minimum(torch.clamp(t, min=0), count - self.size)
         return group + d * t
 
-    def dense_mask(self, q_hw, kv_hw, heads: int = 1) -> torch.Tensor:
-        self.check(q_hw, kv_hw, heads)
-        (hq, wq), (hk, wk) = q_hw, kv_hw
-        ci, cj = key_centres((hq, wq), (hk, wk))
+    def allowed_rows(self, q_hw, kv_hw, query_rows: torch.Tensor) -> torch.Tensor:
+        """(len(query_rows), Hk*Wk) bool: the keys each listed query (raster index) may see."""
+        (hk, wk) = kv_hw
+        ci_all, cj_all = key_centres(q_hw, kv_hw)
+        ci, cj = ci_all[query_rows], cj_all[query_rows]
         kr = torch.arange(hk).repeat_interleave(wk)  # key rows, (Nk,)
         kc = torch.arange(wk).repeat(hk)
-        d = self.dilation
+        d, k = self.dilation, self.size
         if self.border == "shift":
             r0 = self._shifted_starts(ci, hk)[:, None]
             c0 = self._shifted_starts(cj, wk)[:, None]
             dr, dc = kr[None, :] - r0, kc[None, :] - c0
-            ok = ((dr >= 0) & (dr <= d * (self.size - 1)) & (dr % d == 0)
-                  & (dc >= 0) & (dc <= d * (self.size - 1)) & (dc % d == 0))
-        else:
-            dr, dc = kr[None, :] - ci[:, None], kc[None, :] - cj[:, None]
-            on_grid = (dr % d == 0) & (dc % d == 0)
-            di, dj = torch.div(dr, d, rounding_mode="floor"), torch.div(dc, d, rounding_mode="floor")
-            lo, r = -(self.size // 2), self.size // 2
-            ok = on_grid & (di >= lo) & (di < lo + self.size) & (dj >= lo) & (dj < lo + self.size)
-            if self.metric == "manhattan":
-                ok &= di.abs() + dj.abs() <= r
-            elif self.metric == "euclidean":
-                ok &= di * di + dj * dj <= r * r
-        return ok.unsqueeze(0).expand(heads, -1, -1).clone()
+            return ((dr >= 0) & (dr <= d * (k - 1)) & (dr % d == 0)
+                    & (dc >= 0) & (dc <= d * (k - 1)) & (dc % d == 0))
+        dr, dc = kr[None, :] - ci[:, None], kc[None, :] - cj[:, None]
+        di, dj = torch.div(dr, d, rounding_mode="floor"), torch.div(dc, d, rounding_mode="floor")
+        lo, r = -(k // 2), k // 2
+        ok = (dr % d == 0) & (dc % d == 0) & (di >= lo) & (di < lo + k) & (dj >= lo) & (dj < lo + k)
+        if self.metric == "manhattan":
+            ok &= di.abs() + dj.abs() <= r
+        elif self.metric == "euclidean":
+            ok &= di * di + dj * dj <= r * r
+        return ok
+
+    def dense_mask(self, q_hw, kv_hw, heads: int = 1) -> torch.Tensor:
+        self.check(q_hw, kv_hw, heads)
+        rows = self.allowed_rows(q_hw, kv_hw, torch.arange(q_hw[0] * q_hw[1]))
+        return rows.unsqueeze(0).expand(heads, -1, -1).clone()
 
 
 def manhattan_order(hw: tuple[int, int]) -> torch.Tensor:
@@ -160,12 +164,11 @@ def manhattan_order(hw: tuple[int, int]) -> torch.Tensor:
     return rank
 
 
-def ylg_1d(kind: str, n: int) -> torch.Tensor:
-    """One of YLG's 1-D patterns over positions 0..n-1 as an (n, n) bool matrix [row, col],
-    stride l = floor(sqrt(n))."""
+def ylg_allowed(kind: str, n: int, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """One of YLG's 1-D patterns over positions 0..n-1, stride l = floor(sqrt(n)):
+    (len(rows), len(cols)) bool, [i, j] = may position rows[i] attend to position cols[j]."""
     l = max(int(math.isqrt(n)), 1)
-    r = torch.arange(n)[:, None]
-    c = torch.arange(n)[None, :]
+    r, c = rows[:, None], cols[None, :]
     if kind == "ltr-floor":  # c in [r - r mod l, r]
         return (c <= r) & (c >= r - r % l)
     if kind == "rtl-floor":  # the transpose: c in r's block at or after r
@@ -175,6 +178,12 @@ def ylg_1d(kind: str, n: int) -> torch.Tensor:
     if kind == "rtl-repetitive":  # the first cell of every full block, and itself
         return ((c % l == 0) & (c + l - 1 < n)) | (c == r)
     raise ValueError(f"attn2d.patterns.YLG: unknown pattern {kind!r}; choose from {YLG_PATTERNS}")
+
+
+def ylg_1d(kind: str, n: int) -> torch.Tensor:
+    """The (n, n) matrix of one 1-D pattern."""
+    positions = torch.arange(n)
+    return ylg_allowed(kind, n, positions, positions)
 
 
 class YLG:
@@ -227,19 +236,23 @@ class YLG:
                 f"{heads}"
             )
 
+    def query_positions(self, q_hw, kv_hw) -> torch.Tensor:
+        """The pattern row (an enumeration position) each query pixel uses, (Hq*Wq,)."""
+        (hq, wq), (hk, wk) = q_hw, kv_hw
+        rank = manhattan_order((hk, wk))  # key raster -> enumeration position
+        if self.mapping == "official":
+            return rank[torch.arange(hq * wq) % (hk * wk)]
+        ci, cj = key_centres((hq, wq), (hk, wk))
+        return rank[ci * wk + cj]
+
+    def allowed_rows(self, kind: str, q_hw, kv_hw, query_rows: torch.Tensor) -> torch.Tensor:
+        """(len(query_rows), Hk*Wk) bool for one head pattern `kind`."""
+        n = kv_hw[0] * kv_hw[1]
+        rows = self.query_positions(q_hw, kv_hw)[query_rows]
+        return ylg_allowed(kind, n, rows, manhattan_order(kv_hw))
+
     def dense_mask(self, q_hw, kv_hw, heads: Optional[int] = None) -> torch.Tensor:
         heads = self.heads if heads is None else heads
         self.check(q_hw, kv_hw, heads)
-        (hq, wq), (hk, wk) = q_hw, kv_hw
-        n = hk * wk
-        rank = manhattan_order((hk, wk))  # key raster -> enumeration position
-        if self.mapping == "official":
-            rows = torch.arange(hq * wq) % n  # a key-grid raster cell per query
-        else:
-            ci, cj = key_centres((hq, wq), (hk, wk))
-            rows = ci * wk + cj
-        masks = []
-        for kind in self.patterns:
-            p = ylg_1d(kind, n)  # [position, position]
-            masks.append(p[rank[rows]][:, rank])
-        return torch.stack(masks)
+        everyone = torch.arange(q_hw[0] * q_hw[1])
+        return torch.stack([self.allowed_rows(k, q_hw, kv_hw, everyone) for k in self.patterns])

@@ -5,6 +5,14 @@
 #include "reference/attention_reference.h"
 
 namespace attn2d {
+namespace {
+
+Status reference_refuses_layout() {
+  return Status::Unsupported(
+      "the reference backend takes patterns as a dense mask (MaskKind::kBool), not a layout");
+}
+
+}  // namespace
 
 const char* backend_name(Backend backend) {
   switch (backend) {
@@ -21,7 +29,10 @@ const char* backend_name(Backend backend) {
 Status attention_forward(const AttentionParams& params, const Host& host, Backend backend) {
   Status s = validate(params);
   if (!s.ok()) return s;
-  if (backend == Backend::kReference) return reference::attention_forward(params);
+  if (backend == Backend::kReference) {
+    if (params.layout != nullptr) return reference_refuses_layout();
+    return reference::attention_forward(params);
+  }
   return cpu::attention_forward(params, host);
 }
 
@@ -29,7 +40,10 @@ Status attention_backward(const AttentionBackwardParams& params, const Host& hos
                           Backend backend) {
   Status s = validate(params);
   if (!s.ok()) return s;
-  if (backend == Backend::kReference) return reference::attention_backward(params);
+  if (backend == Backend::kReference) {
+    if (params.fwd.layout != nullptr) return reference_refuses_layout();
+    return reference::attention_backward(params);
+  }
   return cpu::attention_backward(params, host);
 }
 

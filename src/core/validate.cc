@@ -1,5 +1,8 @@
+#include <algorithm>
 #include <cmath>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "attn2d/attention.h"
 
@@ -12,6 +15,92 @@ Status check_pointer(const void* ptr, bool needed, const char* name) {
   if (needed && ptr == nullptr) {
     return Status::InvalidArgument(std::string(name) + " is null but the tensor is not empty");
   }
+  return Status::Ok();
+}
+
+// A layout is trusted only after these checks: every index the kernels follow is in range,
+// each layout's tiles partition the rows (so no two tasks write one gradient row), and the
+// backward's visit lists are exactly the forward's, transposed.
+Status validate_layout(const AttentionParams& p) {
+  const SparseLayout& lay = *p.layout;
+  auto bad = [](const std::string& what) {
+    return Status::InvalidArgument("layout: " + what);
+  };
+  if (p.mask_kind != MaskKind::kNone || p.is_causal) {
+    return bad("a sparse layout excludes mask and is_causal");
+  }
+  if (lay.block_k != 64) return bad("block_k must be 64, got " + str(lay.block_k));
+  if (lay.block_q < 4 || lay.block_q > 256 || lay.block_q % 4 != 0) {
+    return bad("block_q must be a multiple of 4 in [4, 256], got " + str(lay.block_q));
+  }
+  if (lay.num_layouts < 1) return bad("num_layouts must be >= 1");
+  if (!lay.head_layout || !lay.q_tile_begin || !lay.k_tile_begin || !lay.fwd_begin ||
+      !lay.bwd_begin) {
+    return bad("a required array is null");
+  }
+  for (std::int64_t h = 0; h < p.heads; ++h) {
+    if (lay.head_layout[h] < 0 || lay.head_layout[h] >= lay.num_layouts) {
+      return bad("head_layout[" + str(h) + "] out of range");
+    }
+  }
+  const struct Side {
+    const std::int64_t* begin;
+    const std::int32_t* rows;
+    std::int64_t block, len;
+    const char* name;
+  } sides[] = {{lay.q_tile_begin, lay.q_rows, lay.block_q, p.len_q, "query"},
+               {lay.k_tile_begin, lay.k_rows, lay.block_k, p.len_k, "key"}};
+  for (const Side& side : sides) {
+    if (side.begin[0] != 0) return bad(std::string(side.name) + " tiles must start at 0");
+    std::vector<char> seen(static_cast<size_t>(side.len));
+    for (std::int64_t l = 0; l < lay.num_layouts; ++l) {
+      if (side.begin[l + 1] < side.begin[l]) return bad(std::string(side.name) + " tile ranges must not decrease");
+      std::fill(seen.begin(), seen.end(), 0);
+      for (std::int64_t t = side.begin[l]; t < side.begin[l + 1]; ++t) {
+        bool padding = false;
+        for (std::int64_t r = 0; r < side.block; ++r) {
+          const std::int32_t row = side.rows[t * side.block + r];
+          if (row < 0) {
+            padding = true;
+            continue;
+          }
+          if (padding || row >= side.len || seen[static_cast<size_t>(row)]) {
+            return bad(std::string(side.name) + " tile " + str(t) +
+                       ": rows must be distinct, in range, with -1 padding only at the end");
+          }
+          seen[static_cast<size_t>(row)] = 1;
+        }
+      }
+    }
+  }
+  const std::int64_t q_tiles = lay.q_tile_begin[lay.num_layouts];
+  const std::int64_t k_tiles = lay.k_tile_begin[lay.num_layouts];
+  using Visit = std::tuple<std::int64_t, std::int64_t, std::int64_t>;  // (q tile, k tile, mask)
+  std::vector<Visit> fwd, bwd;
+  const struct Csr {
+    const std::int64_t* begin;
+    const std::int32_t* other;
+    const std::int64_t* mask;
+    std::int64_t tiles, other_tiles;
+    bool query_major;
+  } csrs[] = {{lay.fwd_begin, lay.fwd_k_tile, lay.fwd_mask, q_tiles, k_tiles, true},
+              {lay.bwd_begin, lay.bwd_q_tile, lay.bwd_mask, k_tiles, q_tiles, false}};
+  for (const Csr& c : csrs) {
+    if (c.begin[0] != 0) return bad("visit lists must start at 0");
+    for (std::int64_t t = 0; t < c.tiles; ++t) {
+      if (c.begin[t + 1] < c.begin[t]) return bad("visit offsets must not decrease");
+      for (std::int64_t v = c.begin[t]; v < c.begin[t + 1]; ++v) {
+        if (c.other[v] < 0 || c.other[v] >= c.other_tiles) return bad("visited tile out of range");
+        if (c.mask[v] < -1 || c.mask[v] >= lay.num_masks) return bad("mask index out of range");
+        if (c.mask[v] >= 0 && lay.masks == nullptr) return bad("masks is null");
+        (c.query_major ? fwd : bwd)
+            .emplace_back(c.query_major ? t : c.other[v], c.query_major ? c.other[v] : t, c.mask[v]);
+      }
+    }
+  }
+  std::sort(fwd.begin(), fwd.end());
+  std::sort(bwd.begin(), bwd.end());
+  if (fwd != bwd) return bad("the backward visit lists must be the forward ones, transposed");
   return Status::Ok();
 }
 
@@ -51,6 +140,7 @@ Status validate(const AttentionParams& p) {
     default:
       return Status::InvalidArgument("mask_kind must be kNone, kBool or kAdditive");
   }
+  if (p.layout != nullptr) return validate_layout(p);
   return Status::Ok();
 }
 

@@ -71,43 +71,42 @@ struct BackwardPlan {
   }
 };
 
-// Packs the query-side tile (rows i0..i0+rows of slice b, h): scaled q, dO, delta and lse.
+// Packs the query-side tile (rows of slice b, h): scaled q, dO, delta = rowsum(dO * O), lse.
 template <typename T>
 HWY_INLINE void PackQueryTile(const AttentionBackwardParams& bp, const BackwardPlan<T>& plan,
-                              std::int64_t b, std::int64_t h, std::int64_t i0, size_t rows,
+                              std::int64_t b, std::int64_t h, const Rows& rows,
                               const typename BackwardPlan<T>::Arrays& a) {
   const AttentionParams& p = bp.fwd;
   const size_t E = static_cast<size_t>(p.dim_qk), Ev = static_cast<size_t>(p.dim_v);
-  PackRows(static_cast<const T*>(p.q) + offset4(p.q_stride, b, h, i0, 0), p.q_stride[2],
-           p.q_stride[3], rows, E, static_cast<T>(p.scale), a.q, plan.dim_qk_pad, rows);
-  PackRows(static_cast<const T*>(bp.dout) + offset4(bp.dout_stride, b, h, i0, 0),
-           bp.dout_stride[2], bp.dout_stride[3], rows, Ev, T(1), a.dout, plan.dim_v_pad, rows);
-  const T* out = static_cast<const T*>(p.out) + offset4(p.out_stride, b, h, i0, 0);
+  PackRows(static_cast<const T*>(p.q) + offset4(p.q_stride, b, h, 0, 0), rows, p.q_stride[2],
+           p.q_stride[3], E, static_cast<T>(p.scale), a.q, plan.dim_qk_pad, rows.count);
+  PackRows(static_cast<const T*>(bp.dout) + offset4(bp.dout_stride, b, h, 0, 0), rows,
+           bp.dout_stride[2], bp.dout_stride[3], Ev, T(1), a.dout, plan.dim_v_pad, rows.count);
+  const T* out = static_cast<const T*>(p.out) + offset4(p.out_stride, b, h, 0, 0);
   const T* lse = static_cast<const T*>(p.lse);
-  for (size_t r = 0; r < rows; ++r) {
-    const T* o = out + static_cast<std::int64_t>(r) * p.out_stride[2];
+  for (size_t r = 0; r < rows.count; ++r) {
+    const T* o = out + rows[r] * p.out_stride[2];
     const T* g = a.dout + r * plan.dim_v_pad;
     T delta = 0;
     for (size_t e = 0; e < Ev; ++e) delta += g[e] * o[static_cast<std::int64_t>(e) * p.out_stride[3]];
     a.delta[r] = delta;
-    a.lse[r] = lse[b * p.lse_stride[0] + h * p.lse_stride[1] +
-                   (i0 + static_cast<std::int64_t>(r)) * p.lse_stride[2]];
+    a.lse[r] = lse[b * p.lse_stride[0] + h * p.lse_stride[1] + rows[r] * p.lse_stride[2]];
   }
 }
 
 // Recomputes P (into a.s) and dS (into a.dp) for one (query tile, key tile) pair whose query
-// side is packed and whose key side is in a.kt and a.vt.
-template <typename T>
-HWY_INLINE void ProbabilitiesAndScoreGrad(const BackwardPlan<T>& plan, const SliceMask<T>& mask,
-                                          std::int64_t i0, size_t rows, std::int64_t j0,
-                                          size_t cols, size_t cols_pad,
-                                          const typename BackwardPlan<T>::Arrays& a) {
+// side is packed and whose key side is in a.kt and a.vt; mask(S, cols_pad) masks the scores.
+template <typename T, class MaskFn>
+HWY_INLINE void ProbabilitiesAndScoreGrad(const BackwardPlan<T>& plan, size_t rows,
+                                          size_t cols_pad,
+                                          const typename BackwardPlan<T>::Arrays& a,
+                                          const MaskFn& mask) {
   constexpr T kNegInf = -std::numeric_limits<T>::infinity();
   const size_t bk = static_cast<size_t>(plan.tiles.block_k);
   const size_t E = static_cast<size_t>(plan.bp->fwd.dim_qk);
   const size_t Ev = static_cast<size_t>(plan.bp->fwd.dim_v);
   Gemm<false>(rows, cols_pad, E, a.q, plan.dim_qk_pad, 1, a.kt, bk, a.s, bk);
-  MaskTile(a.s, bk, rows, cols, cols_pad, i0, j0, mask);
+  mask(a.s, cols_pad);
   Gemm<false>(rows, cols_pad, Ev, a.dout, plan.dim_v_pad, 1, a.vt, bk, a.dp, bk);
   for (size_t r = 0; r < rows; ++r) {
     T* s = a.s + r * bk;
@@ -120,31 +119,43 @@ HWY_INLINE void ProbabilitiesAndScoreGrad(const BackwardPlan<T>& plan, const Sli
   }
 }
 
-// Packs the key-side tile (keys j0..j0+cols): K^T, V^T and, for pass 2, K row-major.
+// Packs the key-side tile: K^T, V^T and, for dQ, K row-major.
 template <typename T>
 HWY_INLINE void PackKeyTile(const AttentionParams& p, const BackwardPlan<T>& plan,
-                            std::int64_t b, std::int64_t h, std::int64_t j0, size_t cols,
-                            size_t cols_pad, bool row_major_k,
-                            const typename BackwardPlan<T>::Arrays& a) {
+                            std::int64_t b, std::int64_t h, const Rows& keys, size_t cols_pad,
+                            bool row_major_k, const typename BackwardPlan<T>::Arrays& a) {
   const size_t bk = static_cast<size_t>(plan.tiles.block_k);
   const size_t E = static_cast<size_t>(p.dim_qk), Ev = static_cast<size_t>(p.dim_v);
-  const T* k = static_cast<const T*>(p.k) + offset4(p.k_stride, b, h, j0, 0);
-  const T* v = static_cast<const T*>(p.v) + offset4(p.v_stride, b, h, j0, 0);
-  PackTransposed(k, p.k_stride[2], p.k_stride[3], cols, E, a.kt, bk, cols_pad);
-  PackTransposed(v, p.v_stride[2], p.v_stride[3], cols, Ev, a.vt, bk, cols_pad);
+  const T* k = static_cast<const T*>(p.k) + offset4(p.k_stride, b, h, 0, 0);
+  const T* v = static_cast<const T*>(p.v) + offset4(p.v_stride, b, h, 0, 0);
+  PackTransposed(k, keys, p.k_stride[2], p.k_stride[3], E, a.kt, bk, cols_pad);
+  PackTransposed(v, keys, p.v_stride[2], p.v_stride[3], Ev, a.vt, bk, cols_pad);
   if (row_major_k) {
-    PackRows(k, p.k_stride[2], p.k_stride[3], cols, E, T(1), a.k, plan.dim_qk_pad, cols);
+    PackRows(k, keys, p.k_stride[2], p.k_stride[3], E, T(1), a.k, plan.dim_qk_pad, keys.count);
   }
 }
 
-// Writes rows x cols of a dense (ld) tile to a strided output slice, times alpha.
+// dV += P^T dO and dK += dS^T (scale q) for the pair just recomputed: A is the transposed tile
+// (a_rs = 1, a_ks = bk).
 template <typename T>
-HWY_INLINE void StoreTile(const T* src, size_t ld, size_t rows, size_t cols, T alpha, T* dst,
-                          std::int64_t rs, std::int64_t cs) {
-  for (size_t r = 0; r < rows; ++r) {
-    T* o = dst + static_cast<std::int64_t>(r) * rs;
-    for (size_t c = 0; c < cols; ++c) o[static_cast<std::int64_t>(c) * cs] = alpha * src[r * ld + c];
-  }
+HWY_INLINE void AccumulateKeyGrads(const BackwardPlan<T>& plan, size_t rows, size_t cols,
+                                   const typename BackwardPlan<T>::Arrays& a) {
+  const size_t bk = static_cast<size_t>(plan.tiles.block_k);
+  Gemm<true>(cols, plan.dim_v_pad, rows, a.s, 1, bk, a.dout, plan.dim_v_pad, a.dv, plan.dim_v_pad);
+  Gemm<true>(cols, plan.dim_qk_pad, rows, a.dp, 1, bk, a.q, plan.dim_qk_pad, a.dk, plan.dim_qk_pad);
+}
+
+template <typename T>
+HWY_INLINE void StoreKeyGrads(const AttentionBackwardParams& bp, const BackwardPlan<T>& plan,
+                              std::int64_t b, std::int64_t h, const Rows& keys,
+                              const typename BackwardPlan<T>::Arrays& a) {
+  const AttentionParams& p = bp.fwd;
+  StoreTile(a.dk, plan.dim_qk_pad, keys, static_cast<size_t>(p.dim_qk), T(1),
+            static_cast<T*>(bp.dk) + offset4(bp.dk_stride, b, h, 0, 0), bp.dk_stride[2],
+            bp.dk_stride[3]);
+  StoreTile(a.dv, plan.dim_v_pad, keys, static_cast<size_t>(p.dim_v), T(1),
+            static_cast<T*>(bp.dv) + offset4(bp.dv_stride, b, h, 0, 0), bp.dv_stride[2],
+            bp.dv_stride[3]);
 }
 
 // Query tiles that see key tile j0: all of them, or under causality those holding a query
@@ -157,6 +168,15 @@ inline std::int64_t KeyEnd(const AttentionParams& p, std::int64_t i0, std::int64
   return p.is_causal ? std::min<std::int64_t>(p.len_k, i0 + rows) : p.len_k;
 }
 
+template <typename T>
+Rows KeyTileRows(const AttentionParams& p, const BackwardPlan<T>& plan, std::int64_t j0) {
+  return Rows{nullptr, j0, static_cast<size_t>(std::min(plan.tiles.block_k, p.len_k - j0))};
+}
+template <typename T>
+Rows QueryTileRows(const AttentionParams& p, const BackwardPlan<T>& plan, std::int64_t i0) {
+  return Rows{nullptr, i0, static_cast<size_t>(std::min(plan.tiles.block_q, p.len_q - i0))};
+}
+
 // dK and dV of key tile j0 (slice b, h), and with_dq: its contribution to dQ, accumulated in
 // place into the dq output.
 template <typename T>
@@ -167,40 +187,33 @@ void KeyTile(const BackwardPlan<T>& plan, std::int64_t b, std::int64_t h, std::i
   const size_t L = VectorLanes<T>();
   const size_t bk = static_cast<size_t>(plan.tiles.block_k);
   const size_t E = static_cast<size_t>(p.dim_qk);
-  const size_t cols = static_cast<size_t>(std::min(plan.tiles.block_k, p.len_k - j0));
-  const size_t cols_pad = (cols + L - 1) / L * L;
+  const Rows keys = KeyTileRows(p, plan, j0);
+  const size_t cols = keys.count, cols_pad = (cols + L - 1) / L * L;
   const SliceMask<T> mask = slice_mask<T>(p, b, h);
 
-  PackKeyTile(p, plan, b, h, j0, cols, cols_pad, /*row_major_k=*/with_dq, a);
+  PackKeyTile(p, plan, b, h, keys, cols_pad, /*row_major_k=*/with_dq, a);
   std::fill(a.dk, a.dk + cols * plan.dim_qk_pad, T(0));
   std::fill(a.dv, a.dv + cols * plan.dim_v_pad, T(0));
   for (std::int64_t i0 = FirstQueryTile(p, j0, plan.tiles.block_q); i0 < p.len_q;
        i0 += plan.tiles.block_q) {
-    const size_t rows = static_cast<size_t>(std::min(plan.tiles.block_q, p.len_q - i0));
-    PackQueryTile(bp, plan, b, h, i0, rows, a);
-    ProbabilitiesAndScoreGrad(plan, mask, i0, rows, j0, cols, cols_pad, a);
-    // dV += P^T dO and dK += dS^T (scale q): A is the transposed tile (a_rs = 1, a_ks = bk).
-    Gemm<true>(cols, plan.dim_v_pad, rows, a.s, 1, bk, a.dout, plan.dim_v_pad, a.dv,
-               plan.dim_v_pad);
-    Gemm<true>(cols, plan.dim_qk_pad, rows, a.dp, 1, bk, a.q, plan.dim_qk_pad, a.dk,
-               plan.dim_qk_pad);
-    if (with_dq && j0 < KeyEnd(p, i0, static_cast<std::int64_t>(rows))) {
+    const Rows rows = QueryTileRows(p, plan, i0);
+    PackQueryTile(bp, plan, b, h, rows, a);
+    ProbabilitiesAndScoreGrad(plan, rows.count, cols_pad, a, [&](T* S, size_t pad) {
+      MaskTile(S, bk, rows.count, cols, pad, i0, j0, mask);
+    });
+    AccumulateKeyGrads(plan, rows.count, cols, a);
+    if (with_dq && j0 < KeyEnd(p, i0, static_cast<std::int64_t>(rows.count))) {
       // The running (unscaled) sum lives in the output between key tiles; it is loaded into
       // the accumulator so the FMA chain is exactly pass 2's.
-      T* dq = static_cast<T*>(bp.dq) + offset4(bp.dq_stride, b, h, i0, 0);
-      PackRows(static_cast<const T*>(dq), bp.dq_stride[2], bp.dq_stride[3], rows, E, T(1), a.dq,
-               plan.dim_qk_pad, rows);
-      Gemm<true>(rows, plan.dim_qk_pad, cols, a.dp, bk, 1, a.k, plan.dim_qk_pad, a.dq,
+      T* dq = static_cast<T*>(bp.dq) + offset4(bp.dq_stride, b, h, 0, 0);
+      PackRows(static_cast<const T*>(dq), rows, bp.dq_stride[2], bp.dq_stride[3], E, T(1), a.dq,
+               plan.dim_qk_pad, rows.count);
+      Gemm<true>(rows.count, plan.dim_qk_pad, cols, a.dp, bk, 1, a.k, plan.dim_qk_pad, a.dq,
                  plan.dim_qk_pad);
       StoreTile(a.dq, plan.dim_qk_pad, rows, E, T(1), dq, bp.dq_stride[2], bp.dq_stride[3]);
     }
   }
-  StoreTile(a.dk, plan.dim_qk_pad, cols, E, T(1),
-            static_cast<T*>(bp.dk) + offset4(bp.dk_stride, b, h, j0, 0), bp.dk_stride[2],
-            bp.dk_stride[3]);
-  StoreTile(a.dv, plan.dim_v_pad, cols, static_cast<size_t>(p.dim_v), T(1),
-            static_cast<T*>(bp.dv) + offset4(bp.dv_stride, b, h, j0, 0), bp.dv_stride[2],
-            bp.dv_stride[3]);
+  StoreKeyGrads(bp, plan, b, h, keys, a);
 }
 
 // Single pass: every gradient of one (batch, head) slice.
@@ -241,35 +254,150 @@ void KeyTileTask(void* ctx, std::int64_t task, int thread) {
   KeyTile(plan, b, h, j0, /*with_dq=*/false, a);
 }
 
-// Pass 2: dQ of one query tile.
-template <typename T>
-void QueryTileTask(void* ctx, std::int64_t task, int thread) {
-  const BackwardPlan<T>& plan = *static_cast<const BackwardPlan<T>*>(ctx);
+// Pass 2: dQ of one query tile, over `visits` key tiles: visit(index, &keys, &mask_fn).
+template <typename T, class Visits>
+HWY_INLINE void QueryTileGrad(const BackwardPlan<T>& plan, std::int64_t b, std::int64_t h,
+                              const Rows& rows, const typename BackwardPlan<T>::Arrays& a,
+                              const Visits& visits) {
   const AttentionBackwardParams& bp = *plan.bp;
   const AttentionParams& p = bp.fwd;
   const size_t L = VectorLanes<T>();
   const size_t bk = static_cast<size_t>(plan.tiles.block_k);
+  PackQueryTile(bp, plan, b, h, rows, a);
+  std::fill(a.dq, a.dq + rows.count * plan.dim_qk_pad, T(0));
+  visits([&](const Rows& keys, const auto& mask) {
+    const size_t cols_pad = (keys.count + L - 1) / L * L;
+    PackKeyTile(p, plan, b, h, keys, cols_pad, /*row_major_k=*/true, a);
+    ProbabilitiesAndScoreGrad(plan, rows.count, cols_pad, a, mask);
+    Gemm<true>(rows.count, plan.dim_qk_pad, keys.count, a.dp, bk, 1, a.k, plan.dim_qk_pad, a.dq,
+               plan.dim_qk_pad);
+  });
+  StoreTile(a.dq, plan.dim_qk_pad, rows, static_cast<size_t>(p.dim_qk), static_cast<T>(p.scale),
+            static_cast<T*>(bp.dq) + offset4(bp.dq_stride, b, h, 0, 0), bp.dq_stride[2],
+            bp.dq_stride[3]);
+}
+
+template <typename T>
+void QueryTileTask(void* ctx, std::int64_t task, int thread) {
+  const BackwardPlan<T>& plan = *static_cast<const BackwardPlan<T>*>(ctx);
+  const AttentionParams& p = plan.bp->fwd;
+  const size_t bk = static_cast<size_t>(plan.tiles.block_k);
   const std::int64_t bh = task / plan.q_tiles;
   const std::int64_t b = bh / p.heads, h = bh % p.heads;
   const std::int64_t i0 = (task % plan.q_tiles) * plan.tiles.block_q;
-  const size_t rows = static_cast<size_t>(std::min(plan.tiles.block_q, p.len_q - i0));
+  const Rows rows = QueryTileRows(p, plan, i0);
   const auto a = plan.carve(plan.workspace + static_cast<size_t>(thread) * plan.scratch_elems);
   const SliceMask<T> mask = slice_mask<T>(p, b, h);
+  const std::int64_t key_end = KeyEnd(p, i0, static_cast<std::int64_t>(rows.count));
+  QueryTileGrad(plan, b, h, rows, a, [&](const auto& visit) {
+    for (std::int64_t j0 = 0; j0 < key_end; j0 += plan.tiles.block_k) {
+      const Rows keys = KeyTileRows(p, plan, j0);
+      visit(keys, [&](T* S, size_t pad) {
+        MaskTile(S, bk, rows.count, keys.count, pad, i0, j0, mask);
+      });
+    }
+  });
+}
 
-  PackQueryTile(bp, plan, b, h, i0, rows, a);
-  std::fill(a.dq, a.dq + rows * plan.dim_qk_pad, T(0));
-  const std::int64_t key_end = KeyEnd(p, i0, static_cast<std::int64_t>(rows));
-  for (std::int64_t j0 = 0; j0 < key_end; j0 += plan.tiles.block_k) {
-    const size_t cols = static_cast<size_t>(std::min(plan.tiles.block_k, p.len_k - j0));
-    const size_t cols_pad = (cols + L - 1) / L * L;
-    PackKeyTile(p, plan, b, h, j0, cols, cols_pad, /*row_major_k=*/true, a);
-    ProbabilitiesAndScoreGrad(plan, mask, i0, rows, j0, cols, cols_pad, a);
-    Gemm<true>(rows, plan.dim_qk_pad, cols, a.dp, bk, 1, a.k, plan.dim_qk_pad, a.dq,
-               plan.dim_qk_pad);
+// Counts the leading non-negative entries of a padded row list.
+HWY_INLINE size_t ValidRows(const std::int32_t* rows, std::int64_t block) {
+  size_t n = 0;
+  while (n < static_cast<size_t>(block) && rows[n] >= 0) ++n;
+  return n;
+}
+
+// The tile of `which` (query or key) number `local` of head h's layout; false past its end.
+HWY_INLINE bool LayoutTile(const SparseLayout& lay, std::int64_t h, std::int64_t local,
+                           bool query, std::int64_t* global, Rows* rows) {
+  const std::int64_t layout = lay.head_layout[h];
+  const std::int64_t* begin = query ? lay.q_tile_begin : lay.k_tile_begin;
+  *global = begin[layout] + local;
+  if (*global >= begin[layout + 1]) return false;
+  const std::int64_t block = query ? lay.block_q : lay.block_k;
+  const std::int32_t* idx = (query ? lay.q_rows : lay.k_rows) + *global * block;
+  *rows = Rows{idx, 0, ValidRows(idx, block)};
+  return true;
+}
+
+HWY_INLINE const std::uint64_t* MaskWords(const SparseLayout& lay, std::int64_t m) {
+  return m < 0 ? nullptr : lay.masks + m * lay.block_q;
+}
+
+// Sparse pass 1: dK and dV of one key tile of the head's layout, over the query tiles that
+// visit it.
+template <typename T>
+void SparseKeyTileTask(void* ctx, std::int64_t task, int thread) {
+  const BackwardPlan<T>& plan = *static_cast<const BackwardPlan<T>*>(ctx);
+  const AttentionBackwardParams& bp = *plan.bp;
+  const AttentionParams& p = bp.fwd;
+  const SparseLayout& lay = *p.layout;
+  const size_t L = VectorLanes<T>();
+  const size_t bk = static_cast<size_t>(plan.tiles.block_k);
+  const std::int64_t bh = task / plan.k_tiles;
+  const std::int64_t b = bh / p.heads, h = bh % p.heads;
+  std::int64_t g;
+  Rows keys;
+  if (!LayoutTile(lay, h, task % plan.k_tiles, /*query=*/false, &g, &keys)) return;
+  const auto a = plan.carve(plan.workspace + static_cast<size_t>(thread) * plan.scratch_elems);
+  const size_t cols = keys.count, cols_pad = (cols + L - 1) / L * L;
+  PackKeyTile(p, plan, b, h, keys, cols_pad, /*row_major_k=*/false, a);
+  std::fill(a.dk, a.dk + cols * plan.dim_qk_pad, T(0));
+  std::fill(a.dv, a.dv + cols * plan.dim_v_pad, T(0));
+  for (std::int64_t visit = lay.bwd_begin[g]; visit < lay.bwd_begin[g + 1]; ++visit) {
+    const std::int32_t* idx = lay.q_rows + static_cast<std::int64_t>(lay.bwd_q_tile[visit]) * lay.block_q;
+    const Rows rows{idx, 0, ValidRows(idx, lay.block_q)};
+    const std::uint64_t* words = MaskWords(lay, lay.bwd_mask[visit]);
+    PackQueryTile(bp, plan, b, h, rows, a);
+    ProbabilitiesAndScoreGrad(plan, rows.count, cols_pad, a, [&](T* S, size_t pad) {
+      MaskTileBits(S, bk, rows.count, cols, pad, words);
+    });
+    AccumulateKeyGrads(plan, rows.count, cols, a);
   }
-  StoreTile(a.dq, plan.dim_qk_pad, rows, static_cast<size_t>(p.dim_qk),
-            static_cast<T>(p.scale), static_cast<T*>(bp.dq) + offset4(bp.dq_stride, b, h, i0, 0),
-            bp.dq_stride[2], bp.dq_stride[3]);
+  StoreKeyGrads(bp, plan, b, h, keys, a);
+}
+
+// Sparse pass 2: dQ of one query tile of the head's layout, over its visit list.
+template <typename T>
+void SparseQueryTileTask(void* ctx, std::int64_t task, int thread) {
+  const BackwardPlan<T>& plan = *static_cast<const BackwardPlan<T>*>(ctx);
+  const AttentionParams& p = plan.bp->fwd;
+  const SparseLayout& lay = *p.layout;
+  const size_t bk = static_cast<size_t>(plan.tiles.block_k);
+  const std::int64_t bh = task / plan.q_tiles;
+  const std::int64_t b = bh / p.heads, h = bh % p.heads;
+  std::int64_t g;
+  Rows rows;
+  if (!LayoutTile(lay, h, task % plan.q_tiles, /*query=*/true, &g, &rows)) return;
+  const auto a = plan.carve(plan.workspace + static_cast<size_t>(thread) * plan.scratch_elems);
+  QueryTileGrad(plan, b, h, rows, a, [&](const auto& visit) {
+    for (std::int64_t v = lay.fwd_begin[g]; v < lay.fwd_begin[g + 1]; ++v) {
+      const std::int32_t* idx = lay.k_rows + static_cast<std::int64_t>(lay.fwd_k_tile[v]) * lay.block_k;
+      const Rows keys{idx, 0, ValidRows(idx, lay.block_k)};
+      const std::uint64_t* words = MaskWords(lay, lay.fwd_mask[v]);
+      visit(keys, [&](T* S, size_t pad) {
+        MaskTileBits(S, bk, rows.count, keys.count, pad, words);
+      });
+    }
+  });
+}
+
+template <typename T>
+void ZeroSlices(const AttentionBackwardParams& bp) {
+  const AttentionParams& p = bp.fwd;
+  struct Grad {
+    void* data;
+    const std::int64_t* stride;
+    std::int64_t len, width;
+  } grads[] = {{bp.dq, bp.dq_stride, p.len_q, p.dim_qk},
+               {bp.dk, bp.dk_stride, p.len_k, p.dim_qk},
+               {bp.dv, bp.dv_stride, p.len_k, p.dim_v}};
+  for (const Grad& g : grads) {
+    for (std::int64_t b = 0; b < p.batch; ++b)
+      for (std::int64_t h = 0; h < p.heads; ++h)
+        for (std::int64_t i = 0; i < g.len; ++i)
+          for (std::int64_t e = 0; e < g.width; ++e)
+            static_cast<T*>(g.data)[offset4(g.stride, b, h, i, e)] = T(0);
+  }
 }
 
 template <typename T>
@@ -279,12 +407,22 @@ Status Backward(const AttentionBackwardParams& bp, const Host& host) {
   const size_t L = VectorLanes<T>();
   BackwardPlan<T> plan;
   plan.bp = &bp;
-  plan.tiles =
-      choose_tiles(p.len_q, p.len_k, p.dim_qk, p.dim_v, sizeof(T), std::max<size_t>(L, 16));
   plan.dim_qk_pad = static_cast<size_t>(round_up(p.dim_qk, static_cast<std::int64_t>(L)));
   plan.dim_v_pad = static_cast<size_t>(round_up(p.dim_v, static_cast<std::int64_t>(L)));
-  plan.q_tiles = (p.len_q + plan.tiles.block_q - 1) / plan.tiles.block_q;
-  plan.k_tiles = (p.len_k + plan.tiles.block_k - 1) / plan.tiles.block_k;
+  if (p.layout != nullptr) {
+    const SparseLayout& lay = *p.layout;
+    plan.tiles = TileSizes{lay.block_q, lay.block_k};
+    plan.q_tiles = plan.k_tiles = 0;  // tasks per (batch, head): the largest layout's tiles
+    for (std::int64_t i = 0; i < lay.num_layouts; ++i) {
+      plan.q_tiles = std::max(plan.q_tiles, lay.q_tile_begin[i + 1] - lay.q_tile_begin[i]);
+      plan.k_tiles = std::max(plan.k_tiles, lay.k_tile_begin[i + 1] - lay.k_tile_begin[i]);
+    }
+  } else {
+    plan.tiles =
+        choose_tiles(p.len_q, p.len_k, p.dim_qk, p.dim_v, sizeof(T), std::max<size_t>(L, 16));
+    plan.q_tiles = (p.len_q + plan.tiles.block_q - 1) / plan.tiles.block_q;
+    plan.k_tiles = (p.len_k + plan.tiles.block_k - 1) / plan.tiles.block_k;
+  }
   plan.scratch_elems = plan.carve(nullptr).elems;
   const int threads = std::max(host.num_threads, 1);
   const size_t bytes = plan.scratch_elems * sizeof(T) * static_cast<size_t>(threads);
@@ -297,6 +435,13 @@ Status Backward(const AttentionBackwardParams& bp, const Host& host) {
   // Cost in tile products per tile pair: 4 in one pass, 7 in two; one pass runs whole heads,
   // so with fewer heads than threads some threads would idle.
   const std::int64_t heads = p.batch * p.heads;
+  if (p.layout != nullptr) {
+    // Keys and queries outside every tile of a layout get no gradient: start from zeros.
+    ZeroSlices<T>(bp);
+    run_tasks(host, heads * plan.k_tiles, &plan, SparseKeyTileTask<T>);
+    run_tasks(host, heads * plan.q_tiles, &plan, SparseQueryTileTask<T>);
+    return Status::Ok();
+  }
   const double single_pass = 4.0 * static_cast<double>((heads + threads - 1) / threads);
   const double two_pass = 7.0 * static_cast<double>(heads) / threads;
   if (single_pass <= two_pass) {

@@ -57,84 +57,122 @@ struct ForwardPlan {
   }
 };
 
+// Writes the finished rows of a query tile: out = acc / l (0 for a fully masked row) and
+// lse = m + log l (-inf for a fully masked row).
 template <typename T>
-void ForwardTask(void* ctx, std::int64_t task, int thread) {
-  const ForwardPlan<T>& plan = *static_cast<const ForwardPlan<T>*>(ctx);
-  const AttentionParams& p = *plan.p;
+HWY_INLINE void FinishQueryTile(const AttentionParams& p, const ForwardPlan<T>& plan,
+                                std::int64_t b, std::int64_t h, const Rows& rows,
+                                const typename ForwardPlan<T>::Arrays& a) {
   constexpr T kNegInf = -std::numeric_limits<T>::infinity();
-  const size_t L = VectorLanes<T>();
-  const size_t E = static_cast<size_t>(p.dim_qk);
-  const size_t Ev = static_cast<size_t>(p.dim_v);
-  const size_t Evp = plan.dim_v_pad;
-  const size_t bk = static_cast<size_t>(plan.tiles.block_k);
-
-  const std::int64_t bh = task / plan.q_tiles;
-  const std::int64_t b = bh / p.heads, h = bh % p.heads;
-  const std::int64_t i0 = (task % plan.q_tiles) * plan.tiles.block_q;
-  const size_t rows = static_cast<size_t>(std::min(plan.tiles.block_q, p.len_q - i0));
-  auto a = plan.carve(plan.workspace + static_cast<size_t>(thread) * plan.scratch_elems);
-
-  const T* q = static_cast<const T*>(p.q) + offset4(p.q_stride, b, h, i0, 0);
-  const T* k = static_cast<const T*>(p.k) + offset4(p.k_stride, b, h, 0, 0);
-  const T* v = static_cast<const T*>(p.v) + offset4(p.v_stride, b, h, 0, 0);
-  const SliceMask<T> mask = slice_mask<T>(p, b, h);
-
-  PackRows(q, p.q_stride[2], p.q_stride[3], rows, E, static_cast<T>(p.scale), a.q, E, rows);
-  std::fill(a.acc, a.acc + rows * Evp, T(0));
-  std::fill(a.m, a.m + rows, kNegInf);
-  std::fill(a.l, a.l + rows, T(0));
-
-  // Causal: keys after the tile's last query are never visible.
-  const std::int64_t key_end =
-      p.is_causal ? std::min<std::int64_t>(p.len_k, i0 + static_cast<std::int64_t>(rows))
-                  : p.len_k;
-  for (std::int64_t j0 = 0; j0 < key_end; j0 += plan.tiles.block_k) {
-    const size_t cols = static_cast<size_t>(std::min(plan.tiles.block_k, p.len_k - j0));
-    const size_t cols_pad = (cols + L - 1) / L * L;
-    PackTransposed(k + j0 * p.k_stride[2], p.k_stride[2], p.k_stride[3], cols, E, a.kt, bk,
-                   cols_pad);
-    PackRows(v + j0 * p.v_stride[2], p.v_stride[2], p.v_stride[3], cols, Ev, T(1), a.v, Evp,
-             cols);
-    Gemm<false>(rows, cols_pad, E, a.q, E, 1, a.kt, bk, a.s, bk);
-    MaskTile(a.s, bk, rows, cols, cols_pad, i0, j0, mask);
-    for (size_t r = 0; r < rows; ++r) {
-      T* s = a.s + r * bk;
-      const T tile_max = RowMax(s, cols_pad);
-      T m_new = std::isnan(tile_max) ? tile_max : std::max(a.m[r], tile_max);
-      if (m_new == kNegInf) {
-        // SIMD max may skip NaN lanes (the scalar target does): an all-NaN row must not pass
-        // for a fully masked one.
-        if (RowHasNaN(s, cols_pad)) {
-          m_new = std::numeric_limits<T>::quiet_NaN();
-        } else {  // no visible key so far: contributes nothing
-          ZeroRow(s, cols_pad);
-          continue;
-        }
-      }
-      const T alpha = a.m[r] == kNegInf ? T(0) : std::exp(a.m[r] - m_new);
-      const T tile_sum = ExpShiftSum(s, cols_pad, m_new);
-      a.l[r] = a.l[r] * alpha + tile_sum;
-      a.m[r] = m_new;
-      if (alpha != T(1)) ScaleRow(a.acc + r * Evp, Evp, alpha);
-    }
-    Gemm<true>(rows, Evp, cols, a.s, bk, 1, a.v, Evp, a.acc, Evp);
-  }
-
-  T* out = static_cast<T*>(p.out) + offset4(p.out_stride, b, h, i0, 0);
+  const size_t Ev = static_cast<size_t>(p.dim_v), Evp = plan.dim_v_pad;
+  T* out = static_cast<T*>(p.out) + offset4(p.out_stride, b, h, 0, 0);
   T* lse = static_cast<T*>(p.lse);
-  for (size_t r = 0; r < rows; ++r) {
-    const bool empty = a.m[r] == kNegInf;  // fully masked row: output 0, lse -inf
+  for (size_t r = 0; r < rows.count; ++r) {
+    const bool empty = a.m[r] == kNegInf;
     const T inv_l = empty ? T(0) : T(1) / a.l[r];
-    T* o = out + static_cast<std::int64_t>(r) * p.out_stride[2];
+    T* o = out + rows[r] * p.out_stride[2];
     for (size_t e = 0; e < Ev; ++e) {
       o[static_cast<std::int64_t>(e) * p.out_stride[3]] = empty ? T(0) : a.acc[r * Evp + e] * inv_l;
     }
     if (lse != nullptr) {
-      lse[b * p.lse_stride[0] + h * p.lse_stride[1] +
-          (i0 + static_cast<std::int64_t>(r)) * p.lse_stride[2]] =
+      lse[b * p.lse_stride[0] + h * p.lse_stride[1] + rows[r] * p.lse_stride[2]] =
           empty ? kNegInf : a.m[r] + std::log(a.l[r]);
     }
   }
+}
+
+// Packs the query tile and resets the online-softmax state.
+template <typename T>
+HWY_INLINE void StartQueryTile(const AttentionParams& p, const ForwardPlan<T>& plan,
+                               std::int64_t b, std::int64_t h, const Rows& rows,
+                               const typename ForwardPlan<T>::Arrays& a) {
+  const size_t E = static_cast<size_t>(p.dim_qk);
+  PackRows(static_cast<const T*>(p.q) + offset4(p.q_stride, b, h, 0, 0), rows, p.q_stride[2],
+           p.q_stride[3], E, static_cast<T>(p.scale), a.q, E, rows.count);
+  std::fill(a.acc, a.acc + rows.count * plan.dim_v_pad, T(0));
+  std::fill(a.m, a.m + rows.count, -std::numeric_limits<T>::infinity());
+  std::fill(a.l, a.l + rows.count, T(0));
+}
+
+// Scores of the packed query tile against key tile `keys` (into a.s), masked by `mask(S,
+// cols_pad)`, then the online-softmax step and acc += P V.
+template <typename T, class MaskFn>
+HWY_INLINE void VisitKeyTile(const AttentionParams& p, const ForwardPlan<T>& plan,
+                             std::int64_t b, std::int64_t h, size_t rows, const Rows& keys,
+                             const typename ForwardPlan<T>::Arrays& a, const MaskFn& mask) {
+  const size_t L = VectorLanes<T>();
+  const size_t E = static_cast<size_t>(p.dim_qk), Ev = static_cast<size_t>(p.dim_v);
+  const size_t Evp = plan.dim_v_pad, bk = static_cast<size_t>(plan.tiles.block_k);
+  const size_t cols = keys.count, cols_pad = (cols + L - 1) / L * L;
+  PackTransposed(static_cast<const T*>(p.k) + offset4(p.k_stride, b, h, 0, 0), keys,
+                 p.k_stride[2], p.k_stride[3], E, a.kt, bk, cols_pad);
+  PackRows(static_cast<const T*>(p.v) + offset4(p.v_stride, b, h, 0, 0), keys, p.v_stride[2],
+           p.v_stride[3], Ev, T(1), a.v, Evp, cols);
+  Gemm<false>(rows, cols_pad, E, a.q, E, 1, a.kt, bk, a.s, bk);
+  mask(a.s, cols_pad);
+  OnlineSoftmaxStep(a.s, rows, cols_pad, bk, a.m, a.l, a.acc, Evp);
+  Gemm<true>(rows, Evp, cols, a.s, bk, 1, a.v, Evp, a.acc, Evp);
+}
+
+// Dense: one (batch, head, query tile); walks the key tiles it can see.
+template <typename T>
+void ForwardTask(void* ctx, std::int64_t task, int thread) {
+  const ForwardPlan<T>& plan = *static_cast<const ForwardPlan<T>*>(ctx);
+  const AttentionParams& p = *plan.p;
+  const size_t bk = static_cast<size_t>(plan.tiles.block_k);
+  const std::int64_t bh = task / plan.q_tiles;
+  const std::int64_t b = bh / p.heads, h = bh % p.heads;
+  const std::int64_t i0 = (task % plan.q_tiles) * plan.tiles.block_q;
+  const Rows rows{nullptr, i0, static_cast<size_t>(std::min(plan.tiles.block_q, p.len_q - i0))};
+  const auto a = plan.carve(plan.workspace + static_cast<size_t>(thread) * plan.scratch_elems);
+  const SliceMask<T> mask = slice_mask<T>(p, b, h);
+  StartQueryTile(p, plan, b, h, rows, a);
+  // Causal: keys after the tile's last query are never visible.
+  const std::int64_t key_end =
+      p.is_causal ? std::min<std::int64_t>(p.len_k, i0 + static_cast<std::int64_t>(rows.count))
+                  : p.len_k;
+  for (std::int64_t j0 = 0; j0 < key_end; j0 += plan.tiles.block_k) {
+    const Rows keys{nullptr, j0, static_cast<size_t>(std::min(plan.tiles.block_k, p.len_k - j0))};
+    VisitKeyTile(p, plan, b, h, rows.count, keys, a, [&](T* S, size_t cols_pad) {
+      MaskTile(S, bk, rows.count, keys.count, cols_pad, i0, j0, mask);
+    });
+  }
+  FinishQueryTile(p, plan, b, h, rows, a);
+}
+
+// Counts the leading non-negative entries of a padded row list.
+HWY_INLINE size_t ValidRows(const std::int32_t* rows, std::int64_t block) {
+  size_t n = 0;
+  while (n < static_cast<size_t>(block) && rows[n] >= 0) ++n;
+  return n;
+}
+
+// Sparse: one (batch, head, query tile of the head's layout); walks the tile's visit list.
+template <typename T>
+void SparseForwardTask(void* ctx, std::int64_t task, int thread) {
+  const ForwardPlan<T>& plan = *static_cast<const ForwardPlan<T>*>(ctx);
+  const AttentionParams& p = *plan.p;
+  const SparseLayout& lay = *p.layout;
+  const size_t bk = static_cast<size_t>(plan.tiles.block_k);
+  const std::int64_t bh = task / plan.q_tiles;
+  const std::int64_t b = bh / p.heads, h = bh % p.heads;
+  const std::int64_t layout = lay.head_layout[h];
+  const std::int64_t g = lay.q_tile_begin[layout] + task % plan.q_tiles;
+  if (g >= lay.q_tile_begin[layout + 1]) return;  // this layout has fewer query tiles
+  const std::int32_t* q_rows = lay.q_rows + g * lay.block_q;
+  const Rows rows{q_rows, 0, ValidRows(q_rows, lay.block_q)};
+  const auto a = plan.carve(plan.workspace + static_cast<size_t>(thread) * plan.scratch_elems);
+  StartQueryTile(p, plan, b, h, rows, a);
+  for (std::int64_t visit = lay.fwd_begin[g]; visit < lay.fwd_begin[g + 1]; ++visit) {
+    const std::int32_t* k_rows = lay.k_rows + static_cast<std::int64_t>(lay.fwd_k_tile[visit]) * lay.block_k;
+    const Rows keys{k_rows, 0, ValidRows(k_rows, lay.block_k)};
+    const std::int64_t m = lay.fwd_mask[visit];
+    const std::uint64_t* words = m < 0 ? nullptr : lay.masks + m * lay.block_q;
+    VisitKeyTile(p, plan, b, h, rows.count, keys, a, [&](T* S, size_t cols_pad) {
+      MaskTileBits(S, bk, rows.count, keys.count, cols_pad, words);
+    });
+  }
+  FinishQueryTile(p, plan, b, h, rows, a);
 }
 
 template <typename T>
@@ -143,9 +181,19 @@ Status Forward(const AttentionParams& p, const Host& host) {
   const size_t L = VectorLanes<T>();
   ForwardPlan<T> plan;
   plan.p = &p;
-  plan.tiles = choose_tiles(p.len_q, p.len_k, p.dim_qk, p.dim_v, sizeof(T), std::max<size_t>(L, 16));
+  if (p.layout != nullptr) {
+    plan.tiles = TileSizes{p.layout->block_q, p.layout->block_k};
+    std::int64_t most = 0;  // tasks per (batch, head): the largest layout's query tiles
+    for (std::int64_t i = 0; i < p.layout->num_layouts; ++i) {
+      most = std::max(most, p.layout->q_tile_begin[i + 1] - p.layout->q_tile_begin[i]);
+    }
+    plan.q_tiles = most;
+  } else {
+    plan.tiles = choose_tiles(p.len_q, p.len_k, p.dim_qk, p.dim_v, sizeof(T),
+                              std::max<size_t>(L, 16));
+    plan.q_tiles = (p.len_q + plan.tiles.block_q - 1) / plan.tiles.block_q;
+  }
   plan.dim_v_pad = static_cast<size_t>(round_up(p.dim_v, static_cast<std::int64_t>(L)));
-  plan.q_tiles = (p.len_q + plan.tiles.block_q - 1) / plan.tiles.block_q;
   plan.scratch_elems = plan.carve(nullptr).elems;
   const int threads = std::max(host.num_threads, 1);
   Workspace ws(host);
@@ -155,7 +203,8 @@ Status Forward(const AttentionParams& p, const Host& host) {
                                " bytes of workspace");
   }
   plan.workspace = reinterpret_cast<T*>(ws.data());
-  run_tasks(host, p.batch * p.heads * plan.q_tiles, &plan, ForwardTask<T>);
+  run_tasks(host, p.batch * p.heads * plan.q_tiles, &plan,
+            p.layout != nullptr ? SparseForwardTask<T> : ForwardTask<T>);
   return Status::Ok();
 }
 

@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdlib>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 
 #include "core/strided.h"
@@ -224,62 +225,129 @@ HWY_INLINE void SoftmaxGradRow(const T* HWY_RESTRICT p, T* HWY_RESTRICT dp, size
 // ---------------------------------------------------------------------------------------------
 // Packing: strided tensor slices into dense tiles (the only reads of user memory).
 
-// The loops below walk the source along its smaller stride: an NCHW conv output viewed as
-// (L, d) has stride 1 along L and H*W along d, so walking d first would touch one cache line
-// (and at 256x256 one page) per element.
+// Which rows of a (len, width) tensor slice a tile holds: `count` consecutive rows from `first`
+// (dense attention), or listed ones (a gathered tile of a sparse pattern).
+struct Rows {
+  const std::int32_t* index = nullptr;  // (count,) row numbers; null: consecutive
+  std::int64_t first = 0;
+  size_t count = 0;
+  std::int64_t operator[](size_t r) const {
+    return index != nullptr ? index[r] : first + static_cast<std::int64_t>(r);
+  }
+};
 
-// dst[r * ld + c] = alpha * src[r * rs + c * cs] for r < rows, c < cols; zero for
-// c in [cols, ld) and for r in [rows, rows_pad).
+// Element (r, c) of a tile is base[rows[r] * rs + c * cs]. The loops walk the source along its
+// smaller stride: an NCHW conv output viewed as (L, d) has stride 1 along L and H*W along d, so
+// walking d first would touch one cache line (and at 256x256 one page) per element.
+
+// dst[r * ld + c] = alpha * element(r, c) for r < rows.count, c < cols; zero for c in
+// [cols, ld) and for r in [rows.count, rows_pad).
 template <typename T>
-HWY_INLINE void PackRows(const T* HWY_RESTRICT src, std::int64_t rs, std::int64_t cs, size_t rows,
-                         size_t cols, T alpha, T* HWY_RESTRICT dst, size_t ld, size_t rows_pad) {
-  if (cs == 1) {
-    for (size_t r = 0; r < rows; ++r) {
-      const T* s = src + static_cast<std::int64_t>(r) * rs;
-      for (size_t c = 0; c < cols; ++c) dst[r * ld + c] = alpha * s[c];
-    }
-  } else if (std::abs(rs) < std::abs(cs)) {
+HWY_INLINE void PackRows(const T* HWY_RESTRICT base, const Rows& rows, std::int64_t rs,
+                         std::int64_t cs, size_t cols, T alpha, T* HWY_RESTRICT dst, size_t ld,
+                         size_t rows_pad) {
+  const size_t n = rows.count;
+  if (cs != 1 && std::abs(rs) < std::abs(cs)) {
     for (size_t c = 0; c < cols; ++c) {
-      const T* s = src + static_cast<std::int64_t>(c) * cs;
-      for (size_t r = 0; r < rows; ++r) dst[r * ld + c] = alpha * s[static_cast<std::int64_t>(r) * rs];
+      const T* s = base + static_cast<std::int64_t>(c) * cs;
+      for (size_t r = 0; r < n; ++r) dst[r * ld + c] = alpha * s[rows[r] * rs];
     }
   } else {
-    for (size_t r = 0; r < rows; ++r) {
-      const T* s = src + static_cast<std::int64_t>(r) * rs;
-      for (size_t c = 0; c < cols; ++c) dst[r * ld + c] = alpha * s[static_cast<std::int64_t>(c) * cs];
+    for (size_t r = 0; r < n; ++r) {
+      const T* s = base + rows[r] * rs;
+      if (cs == 1) {
+        for (size_t c = 0; c < cols; ++c) dst[r * ld + c] = alpha * s[c];
+      } else {
+        for (size_t c = 0; c < cols; ++c) dst[r * ld + c] = alpha * s[static_cast<std::int64_t>(c) * cs];
+      }
     }
   }
-  for (size_t r = 0; r < rows; ++r) {
+  for (size_t r = 0; r < n; ++r) {
     for (size_t c = cols; c < ld; ++c) dst[r * ld + c] = T(0);
   }
-  for (size_t r = rows; r < rows_pad; ++r) {
+  for (size_t r = n; r < rows_pad; ++r) {
     for (size_t c = 0; c < ld; ++c) dst[r * ld + c] = T(0);
   }
 }
 
-// dst[c * ld + r] = src[r * rs + c * cs] for r < rows, c < cols; zero for r in [rows, rows_pad).
+// dst[c * ld + r] = element(r, c) for r < rows.count, c < cols; zero for r in
+// [rows.count, rows_pad).
 template <typename T>
-HWY_INLINE void PackTransposed(const T* HWY_RESTRICT src, std::int64_t rs, std::int64_t cs,
-                               size_t rows, size_t cols, T* HWY_RESTRICT dst, size_t ld,
+HWY_INLINE void PackTransposed(const T* HWY_RESTRICT base, const Rows& rows, std::int64_t rs,
+                               std::int64_t cs, size_t cols, T* HWY_RESTRICT dst, size_t ld,
                                size_t rows_pad) {
+  const size_t n = rows.count;
   if (std::abs(rs) < std::abs(cs)) {
     for (size_t c = 0; c < cols; ++c) {
-      const T* s = src + static_cast<std::int64_t>(c) * cs;
+      const T* s = base + static_cast<std::int64_t>(c) * cs;
       T* o = dst + c * ld;
-      if (rs == 1) {
-        for (size_t r = 0; r < rows; ++r) o[r] = s[r];
-      } else {
-        for (size_t r = 0; r < rows; ++r) o[r] = s[static_cast<std::int64_t>(r) * rs];
-      }
+      for (size_t r = 0; r < n; ++r) o[r] = s[rows[r] * rs];
     }
   } else {
-    for (size_t r = 0; r < rows; ++r) {
-      const T* s = src + static_cast<std::int64_t>(r) * rs;
+    for (size_t r = 0; r < n; ++r) {
+      const T* s = base + rows[r] * rs;
       for (size_t c = 0; c < cols; ++c) dst[c * ld + r] = s[static_cast<std::int64_t>(c) * cs];
     }
   }
   for (size_t c = 0; c < cols; ++c) {
-    for (size_t r = rows; r < rows_pad; ++r) dst[c * ld + r] = T(0);
+    for (size_t r = n; r < rows_pad; ++r) dst[c * ld + r] = T(0);
+  }
+}
+
+// element(r, c) = alpha * src[r * ld + c] for r < rows.count, c < cols: the inverse of PackRows.
+template <typename T>
+HWY_INLINE void StoreTile(const T* HWY_RESTRICT src, size_t ld, const Rows& rows, size_t cols,
+                          T alpha, T* HWY_RESTRICT base, std::int64_t rs, std::int64_t cs) {
+  for (size_t r = 0; r < rows.count; ++r) {
+    T* o = base + rows[r] * rs;
+    for (size_t c = 0; c < cols; ++c) o[static_cast<std::int64_t>(c) * cs] = alpha * src[r * ld + c];
+  }
+}
+
+// One key tile's step of the online softmax for every row of the score tile s (rows x
+// cols_pad, row stride ld), whose masked entries are -inf: updates the running max m and sum l,
+// rescales the accumulator rows (ld_acc wide) and leaves the tile's probabilities in s.
+template <typename T>
+HWY_INLINE void OnlineSoftmaxStep(T* HWY_RESTRICT s_tile, size_t rows, size_t cols_pad, size_t ld,
+                                  T* HWY_RESTRICT m, T* HWY_RESTRICT l, T* HWY_RESTRICT acc,
+                                  size_t ld_acc) {
+  constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+  for (size_t r = 0; r < rows; ++r) {
+    T* s = s_tile + r * ld;
+    const T tile_max = RowMax(s, cols_pad);
+    T m_new = std::isnan(tile_max) ? tile_max : std::max(m[r], tile_max);
+    if (m_new == kNegInf) {
+      // SIMD max may skip NaN lanes (the scalar target does): an all-NaN row must not pass
+      // for a fully masked one.
+      if (RowHasNaN(s, cols_pad)) {
+        m_new = std::numeric_limits<T>::quiet_NaN();
+      } else {  // no visible key so far: contributes nothing
+        ZeroRow(s, cols_pad);
+        continue;
+      }
+    }
+    const T alpha = m[r] == kNegInf ? T(0) : std::exp(m[r] - m_new);
+    const T tile_sum = ExpShiftSum(s, cols_pad, m_new);
+    l[r] = l[r] * alpha + tile_sum;
+    m[r] = m_new;
+    if (alpha != T(1)) ScaleRow(acc + r * ld_acc, ld_acc, alpha);
+  }
+}
+
+// Masks a gathered tile by its bit rows: key c of row r is allowed when bit c of words[r] is
+// set (null words: all allowed); columns in [cols, cols_pad) are padding and always masked.
+template <typename T>
+HWY_INLINE void MaskTileBits(T* HWY_RESTRICT S, size_t ld, size_t rows, size_t cols,
+                             size_t cols_pad, const std::uint64_t* words) {
+  constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+  for (size_t r = 0; r < rows; ++r) {
+    T* s = S + r * ld;
+    for (size_t c = cols; c < cols_pad; ++c) s[c] = kNegInf;
+    if (words == nullptr) continue;
+    const std::uint64_t w = words[r];
+    for (size_t c = 0; c < cols; ++c) {
+      if (((w >> c) & 1u) == 0) s[c] = kNegInf;
+    }
   }
 }
 
