@@ -210,6 +210,16 @@ HWY_INLINE void ZeroRow(T* HWY_RESTRICT x, size_t n) {
   for (size_t j = 0; j < n; j += L) hn::StoreU(hn::Zero(d), d, x + j);
 }
 
+// acc += x over n elements (a multiple of the vector length).
+template <typename T>
+HWY_INLINE void AddRow(T* HWY_RESTRICT acc, const T* HWY_RESTRICT x, size_t n) {
+  const hn::ScalableTag<T> d;
+  const size_t L = hn::Lanes(d);
+  for (size_t j = 0; j < n; j += L) {
+    hn::StoreU(hn::Add(hn::LoadU(d, acc + j), hn::LoadU(d, x + j)), d, acc + j);
+  }
+}
+
 // dp = p * (dp - D): the softmax backward of one row, in place over dP.
 template <typename T>
 HWY_INLINE void SoftmaxGradRow(const T* HWY_RESTRICT p, T* HWY_RESTRICT dp, size_t n, T D) {

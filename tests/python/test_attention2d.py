@@ -1,0 +1,141 @@
+"""The fused local/sparse kernels against dense-masked float64 attention (the same pattern's
+dense_mask): outputs and gradients over metrics, borders, dilations, pooled key grids and
+awkward sizes; YLG on square and non-square grids; gradcheck; float32 under the 2x rule."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+import attn2d
+from attn2d import _layout
+from attn2d.patterns import YLG, Window
+from reference import max_err, naive_attention, tolerance
+
+
+def run_both(pattern, q_hw, kv_hw, heads, dtype=torch.float64, E=7, Ev=5, B=2):
+    q = torch.randn(B, heads, *q_hw, E, dtype=dtype, requires_grad=True)
+    k = torch.randn(B, heads, *kv_hw, E, dtype=dtype, requires_grad=True)
+    v = torch.randn(B, heads, *kv_hw, Ev, dtype=dtype, requires_grad=True)
+    grad = torch.randn(B, heads, *q_hw, Ev, dtype=dtype)
+    mask = pattern.dense_mask(q_hw, kv_hw, heads)
+    results = {}
+    for name, ref_dtype in (("ours", None), ("naive", dtype), ("oracle", torch.float64)):
+        if ref_dtype is None:
+            out = attn2d.attention2d(q, k, v, pattern=pattern)
+        else:
+            out = naive_attention(q.flatten(2, 3), k.flatten(2, 3), v.flatten(2, 3),
+                                  attn_mask=mask, dtype=ref_dtype).unflatten(2, q_hw)
+        grads = torch.autograd.grad(out, (q, k, v), grad.to(out.dtype))
+        results[name] = (out.detach(), *grads)
+    for i, what in enumerate(("out", "dq", "dk", "dv")):
+        ours, naive, oracle = (results[n][i] for n in ("ours", "naive", "oracle"))
+        err, naive_err = max_err(ours, oracle), max_err(naive, oracle)
+        assert err <= tolerance(naive_err, dtype), (what, err, naive_err)
+
+
+# Prime sides, 1xN maps, pooled keys (2x and uneven), windows as large as the map.
+GRIDS = [((7, 11), (7, 11)), ((13, 13), (13, 13)), ((1, 29), (1, 29)), ((14, 10), (7, 5)),
+         ((17, 9), (5, 3))]
+WINDOWS = [
+    Window(size, metric, dilation, border)
+    for size, metric, dilation, border in itertools.product(
+        (1, 3, 4, 5), ("chebyshev", "manhattan", "euclidean"), (1, 2), ("clip", "shift"))
+    if not (border == "shift" and metric != "chebyshev")
+]
+
+
+@pytest.mark.parametrize("grids", GRIDS, ids=lambda g: f"{g[0]}->{g[1]}")
+@pytest.mark.parametrize("window", WINDOWS, ids=repr)
+def test_windows_match_dense_masked_attention(window, grids):
+    q_hw, kv_hw = grids
+    try:
+        window.check(q_hw, kv_hw, 1)
+    except ValueError:
+        pytest.skip("window does not fit this map (its error is tested separately)")
+    run_both(window, q_hw, kv_hw, heads=2)
+
+
+@pytest.mark.parametrize("side", [5, 7])
+def test_window_as_large_as_the_map(side):
+    for border in ("clip", "shift"):
+        run_both(Window(side, border=border), (side, side), (side, side), heads=1)
+        run_both(Window(side, border=border), (2 * side, 2 * side), (side, side), heads=1)
+
+
+@pytest.mark.parametrize("grids", [((8, 8), (8, 8)), ((12, 12), (6, 6)), ((9, 7), (9, 7)),
+                                   ((10, 6), (5, 3)), ((16, 16), (8, 8))], ids=str)
+@pytest.mark.parametrize("mapping", ["official", "geometric"])
+def test_ylg_matches_dense_masked_attention(grids, mapping):
+    q_hw, kv_hw = grids
+    run_both(YLG(8, mapping=mapping), q_hw, kv_hw, heads=8)
+
+
+def test_ylg_custom_heads():
+    run_both(YLG(None, patterns=["ltr-repetitive", "rtl-floor", "ltr-repetitive"]),
+             (6, 6), (6, 6), heads=3)
+
+
+@pytest.mark.parametrize("pattern,q_hw,kv_hw,heads", [
+    (Window(5, "manhattan", 2), (30, 27), (15, 14), 2),
+    (YLG(8), (24, 24), (12, 12), 8),
+    (Window(8, dilation=3, border="shift"), (31, 29), (31, 29), 1),
+])
+def test_float32_within_twice_naive_error(pattern, q_hw, kv_hw, heads):
+    run_both(pattern, q_hw, kv_hw, heads, dtype=torch.float32, E=16, Ev=24)
+
+
+@pytest.mark.parametrize("pattern,heads", [(Window(3, "euclidean"), 2), (YLG(4), 4)], ids=repr)
+def test_gradcheck(pattern, heads):
+    q = torch.randn(1, heads, 6, 5, 3, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(1, heads, 3, 5, 3, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(1, heads, 3, 5, 2, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b, c: attn2d.attention2d(a, b, c, pattern=pattern),
+                                    (q, k, v))
+
+
+def test_strided_nchw_views():
+    # 1x1 conv outputs (B, heads*d, H, W) -> (B, heads, H, W, d) without a copy.
+    B, heads, H, W = 2, 2, 9, 11
+    x = torch.randn(B, heads * 9, H, W, dtype=torch.float64)
+    q, k, v = (x[:, i * heads * 3:(i + 1) * heads * 3].view(B, heads, 3, H, W).permute(0, 1, 3, 4, 2)
+               for i in range(3))
+    assert q.stride(-1) == H * W
+    pattern = Window(3)
+    out = attn2d.attention2d(q, k, v, pattern=pattern)
+    want = naive_attention(q.flatten(2, 3), k.flatten(2, 3), v.flatten(2, 3),
+                           attn_mask=pattern.dense_mask((H, W), (H, W), heads)).unflatten(2, (H, W))
+    assert max_err(out, want) < 1e-12
+
+
+def test_deterministic_and_visits_few_tiles():
+    pattern = Window(7)
+    q, k, v = (torch.randn(1, 1, 48, 48, 16) for _ in range(3))
+    a = attn2d.attention2d(q, k, v, pattern=pattern)
+    b = attn2d.attention2d(q, k, v, pattern=pattern)
+    assert torch.equal(a, b)
+    layout = _layout.build(pattern, (48, 48), (48, 48), 1)
+    visited = _layout.visited_pairs(layout)
+    allowed = int(pattern.dense_mask((48, 48), (48, 48), 1).sum())
+    # 8x8 tiles around a 7x7 window: at most (8 + 6 rounded up to tiles)^2 / 49 extra work.
+    assert allowed <= visited <= 6 * allowed
+    assert visited < (48 * 48) ** 2 / 20  # far below global attention's pairs
+
+
+def test_raw_op_refuses_a_malformed_layout():
+    pattern = Window(3)
+    layout = list(_layout.build(pattern, (6, 6), (6, 6), 1))
+    q, k, v = (torch.randn(1, 1, 36, 4) for _ in range(3))
+    bad = [t.clone() for t in layout]
+    bad[4][0, 0] = 999  # a key row out of range
+    with pytest.raises(ValueError, match="layout"):
+        torch.ops.attn2d.attention2d_forward(q, k, v, bad, _layout.BLOCK_Q, 0.5)
+    bad = [t.clone() for t in layout]
+    bad[10][0] = 5 if bad[10].numel() and bad[10][0] < 0 else -1  # backward lists disagree
+    with pytest.raises(ValueError, match="layout"):
+        torch.ops.attn2d.attention2d_forward(q, k, v, bad, _layout.BLOCK_Q, 0.5)
+    with pytest.raises(ValueError, match="heads"):
+        torch.ops.attn2d.attention2d_forward(torch.randn(1, 2, 36, 4), torch.randn(1, 2, 36, 4),
+                                             torch.randn(1, 2, 36, 4), layout, 64, 0.5)
