@@ -13,8 +13,11 @@ from attn2d.seed_blocks import SelfAttention as SeedSelfAttention  # noqa: E402,
 from attn2d.seed_blocks import SelfAttention2 as SeedSelfAttention2  # noqa: E402,F401
 
 
-def unfused(q, k, v, scale):
-    return torch.softmax((q @ k.transpose(-1, -2)) * scale, dim=-1) @ v
+def unfused(q, k, v, scale, allowed=None):
+    s = (q @ k.transpose(-1, -2)) * scale
+    if allowed is not None:
+        s = s.masked_fill(~allowed, float("-inf"))
+    return torch.softmax(s, dim=-1) @ v
 
 
 class Resample(nn.Module):
@@ -29,7 +32,7 @@ class RefSelfAttention2d(nn.Module):
 
     def __init__(self, channels, *, qk_ratio=8, v_channels=None, heads=1, pool_kv=2,
                  out_conv=True, gamma=True, residual=True, scale=1.0, groups=1,
-                 spectral_norm=False, downsample=1):
+                 spectral_norm=False, downsample=1, pattern=None):
         super().__init__()
         v_channels = channels // 2 if v_channels is None else v_channels
         sn = nn.utils.parametrizations.spectral_norm if spectral_norm else (lambda m: m)
@@ -41,6 +44,7 @@ class RefSelfAttention2d(nn.Module):
         self.gamma = nn.Parameter(torch.zeros(1)) if gamma else None
         self.resample = Resample(channels, downsample) if downsample > 1 else None
         self.heads, self.pool, self.residual, self.scale = heads, pool_kv, residual, scale
+        self.pattern = pattern
 
     def forward(self, x):
         inner = self.resample.down(x) if self.resample is not None else x
@@ -55,7 +59,10 @@ class RefSelfAttention2d(nn.Module):
 
         d = q.shape[1] // h
         scale = self.scale if self.scale is not None else d**-0.5
-        o = unfused(split(q), split(k), split(v), scale)
+        allowed = None
+        if self.pattern is not None:
+            allowed = self.pattern.dense_mask((H, W), tuple(k.shape[-2:]), h)
+        o = unfused(split(q), split(k), split(v), scale, allowed)
         o = o.transpose(-1, -2).reshape(B, -1, H, W)
         if self.out is not None:
             o = self.out(o)
@@ -69,8 +76,9 @@ class RefSelfAttention2d(nn.Module):
 class RefMultiheadSelfAttention2d(nn.Module):
     """Seed 000's "SelfAttention" for any H x W and heads, with nn.MultiheadAttention."""
 
-    def __init__(self, channels, num_heads=4, downsample=1):
+    def __init__(self, channels, num_heads=4, downsample=1, pattern=None):
         super().__init__()
+        self.pattern = pattern
         self.mha = nn.MultiheadAttention(channels, num_heads, batch_first=True)
         self.ln = nn.LayerNorm([channels])
         self.ff_self = nn.Sequential(
@@ -84,7 +92,11 @@ class RefMultiheadSelfAttention2d(nn.Module):
         inner = self.resample.down(x) if self.resample is not None else x
         t = inner.flatten(2).transpose(1, 2)
         t_ln = self.ln(t)
-        a, _ = self.mha(t_ln, t_ln, t_ln, need_weights=False)
+        blocked = None
+        if self.pattern is not None:  # a bool attn_mask of nn.MultiheadAttention blocks where True
+            grid = tuple(inner.shape[-2:])
+            blocked = ~self.pattern.dense_mask(grid, grid, 1)[0]
+        a, _ = self.mha(t_ln, t_ln, t_ln, need_weights=False, attn_mask=blocked)
         a = a.transpose(1, 2).reshape(inner.shape)
         if self.resample is not None:
             a = self.resample.up(a, output_size=x.shape[-2:])

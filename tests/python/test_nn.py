@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import attn2d.nn as ann
+from attn2d.patterns import YLG, Window
 from module_references import (
     RefAttention,
     RefCrossAttention,
@@ -256,9 +257,33 @@ def test_bad_construction_names_module_and_argument(case):
     assert "attn2d.nn." in str(info.value) and word in str(info.value)
 
 
-def test_pattern_other_than_global_is_refused_for_now():
-    with pytest.raises(NotImplementedError, match="pattern"):
+@pytest.mark.parametrize("config", [
+    dict(channels=64, heads=8, pattern=YLG(8)),  # YLG-SAGAN: 8 heads, 2x2-pooled keys
+    dict(channels=16, heads=2, pattern=Window(3, "manhattan")),
+    dict(channels=16, pool_kv=1, pattern=Window(5, border="shift")),
+], ids=lambda c: repr(c["pattern"]))
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_self_attention2d_with_patterns_matches_masked_reference(config, dtype):
+    torch.manual_seed(0)
+    ours, ref = _pair(ann.SelfAttention2d, RefSelfAttention2d, **config)
+    compare(ours, ref, [torch.randn(2, config["channels"], 12, 10)], dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_multihead_self_attention2d_with_window_matches_masked_reference(dtype):
+    torch.manual_seed(0)
+    ours, ref = _pair(ann.MultiheadSelfAttention2d, RefMultiheadSelfAttention2d, 16, 4,
+                      pattern=Window(3))
+    compare(ours, ref, [torch.randn(2, 16, 7, 9)], dtype)
+
+
+def test_bad_patterns_are_refused():
+    with pytest.raises(TypeError, match="pattern"):
         ann.SelfAttention2d(64, pattern="window")
+    with pytest.raises(ValueError, match="heads"):
+        ann.SelfAttention2d(64, heads=4, pattern=YLG(8))
+    with pytest.raises(ValueError, match="grid"):
+        ann.Attention(32, num_heads=4, pattern=Window(3))
 
 
 @pytest.mark.parametrize("module,bad,word", [

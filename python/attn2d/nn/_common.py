@@ -20,12 +20,43 @@ def check_divisible(module: str, name: str, value: int, by_name: str, by: int) -
         raise ValueError(f"{module}: {name} ({value}) must be divisible by {by_name} ({by})")
 
 
-def check_pattern(module: str, pattern: object) -> None:
+def check_pattern(module: str, pattern: object, heads: int) -> None:
+    """None (global), attn2d.patterns.Window, or attn2d.patterns.YLG with `heads` heads."""
+    from .. import patterns
+
+    if pattern is None or isinstance(pattern, patterns.Window):
+        return
+    if isinstance(pattern, patterns.YLG):
+        if pattern.heads != heads:
+            raise ValueError(
+                f"{module}: pattern {pattern!r} has {pattern.heads} heads but the module has "
+                f"{heads}"
+            )
+        return
+    raise TypeError(
+        f"{module}: pattern must be None, attn2d.patterns.Window or attn2d.patterns.YLG; got "
+        f"{type(pattern).__name__}"
+    )
+
+
+def check_no_pattern(module: str, pattern: object) -> None:
     if pattern is not None:
-        raise NotImplementedError(
-            f"{module}: pattern={pattern!r}: only global attention (pattern=None) is available "
-            "in this version; local and sparse patterns are not built yet"
+        raise ValueError(
+            f"{module}: pattern={pattern!r}: 2-D patterns need a pixel grid; token modules have "
+            "none (use SelfAttention2d / MultiheadSelfAttention2d, or attn2d.attention2d)"
         )
+
+
+def map_to_grid_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """(B, heads*d, H, W) -> (B, heads, H, W, d) as a view: no copy; last-dim stride H*W."""
+    B, C, H, W = t.shape
+    return t.reshape(B, heads, C // heads, H, W).permute(0, 1, 3, 4, 2)
+
+
+def grid_heads_to_map(t: torch.Tensor) -> torch.Tensor:
+    """(B, heads, H, W, d) -> (B, heads*d, H, W)."""
+    B, heads, H, W, d = t.shape
+    return t.permute(0, 1, 4, 2, 3).reshape(B, heads * d, H, W)
 
 
 def check_map_input(module: str, x: object, channels: int) -> torch.Tensor:
@@ -66,18 +97,6 @@ def check_autocast(module: str, x: torch.Tensor) -> None:
                 "kernels, which are not built yet; run this block outside autocast "
                 "(with torch.autocast('cpu', enabled=False)) in float32"
             )
-
-
-def map_to_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
-    """(B, heads*d, H, W) -> (B, heads, H*W, d) as a view: no copy; last-dim stride H*W."""
-    B, C, H, W = t.shape
-    return t.reshape(B, heads, C // heads, H * W).transpose(-1, -2)
-
-
-def heads_to_map(t: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """(B, heads, H*W, d) -> (B, heads*d, H, W)."""
-    B, heads, N, d = t.shape
-    return t.transpose(-1, -2).reshape(B, heads * d, height, width)
 
 
 def tokens_to_heads(t: torch.Tensor, heads: int) -> torch.Tensor:

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..functional import attention
+from ..functional import attention, attention2d
 from . import _common as c
 
 _NAME = "attn2d.nn.MultiheadSelfAttention2d"
@@ -16,9 +16,9 @@ _NAME = "attn2d.nn.MultiheadSelfAttention2d"
 class _Projections(nn.Module):
     """The parameters of nn.MultiheadAttention (self-attention, batch_first), under its names."""
 
-    def __init__(self, channels: int, num_heads: int) -> None:
+    def __init__(self, channels: int, num_heads: int, pattern=None) -> None:
         super().__init__()
-        self.num_heads = num_heads
+        self.num_heads, self.pattern = num_heads, pattern
         self.in_proj_weight = nn.Parameter(torch.empty(3 * channels, channels))
         self.in_proj_bias = nn.Parameter(torch.empty(3 * channels))
         self.out_proj = nn.Linear(channels, channels)
@@ -27,9 +27,15 @@ class _Projections(nn.Module):
         nn.init.zeros_(self.in_proj_bias)
         nn.init.zeros_(self.out_proj.bias)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        """tokens (B, H*W, C) in raster order of a grid = (H, W) map."""
         q, k, v = F.linear(tokens, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
-        o = attention(*(c.tokens_to_heads(t, self.num_heads) for t in (q, k, v)))
+        q, k, v = (c.tokens_to_heads(t, self.num_heads) for t in (q, k, v))
+        if self.pattern is None:
+            o = attention(q, k, v)
+        else:
+            q, k, v = (t.unflatten(2, grid) for t in (q, k, v))
+            o = attention2d(q, k, v, pattern=self.pattern).flatten(2, 3)
         return self.out_proj(c.heads_to_tokens(o))
 
 
@@ -47,9 +53,9 @@ class MultiheadSelfAttention2d(nn.Module):
         num_heads = c.check_positive_int(_NAME, "num_heads", num_heads)
         downsample = c.check_positive_int(_NAME, "downsample", downsample)
         c.check_divisible(_NAME, "channels", channels, "num_heads", num_heads)
-        c.check_pattern(_NAME, pattern)
+        c.check_pattern(_NAME, pattern, num_heads)
         self.channels, self.num_heads, self.checkpoint = channels, num_heads, checkpoint
-        self.mha = _Projections(channels, num_heads)
+        self.mha = _Projections(channels, num_heads, pattern)
         self.ln = nn.LayerNorm([channels])
         self.ff_self = nn.Sequential(
             nn.LayerNorm([channels]), nn.Linear(channels, channels), nn.GELU(),
@@ -61,7 +67,7 @@ class MultiheadSelfAttention2d(nn.Module):
         """The attention sub-layer's output as a (B, C, h, w) map of x's size."""
         B, C, H, W = x.shape
         tokens = x.flatten(2).transpose(1, 2)
-        a = self.mha(self.ln(tokens))
+        a = self.mha(self.ln(tokens), (H, W))
         return a.transpose(1, 2).reshape(B, C, H, W)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..functional import attention
+from ..functional import attention2d
 from . import _common as c
 
 _NAME = "attn2d.nn.SelfAttention2d"
@@ -23,7 +23,8 @@ class SelfAttention2d(nn.Module):
     back to `channels` by a 1x1 conv when out_conv; y = x + gamma * o (gamma starts at 0).
     scale=1.0 is SAGAN's unscaled dot product; None means 1/sqrt(head width).
 
-    The defaults are the published SAGAN/BigGAN block. Seed 000's "SelfAttention2" is
+    The defaults are the published SAGAN/BigGAN block. pattern=attn2d.patterns.Window(...) makes
+    it local; SelfAttention2d(C, heads=8, pattern=attn2d.patterns.YLG(8)) is the YLG-SAGAN block. Seed 000's "SelfAttention2" is
     SelfAttention2d(C, v_channels=C, pool_kv=1, out_conv=False, gamma=False, residual=False)
     and loads its state_dict with strict=True.
     """
@@ -67,10 +68,10 @@ class SelfAttention2d(nn.Module):
                 f"{_NAME}: residual=True without out_conv needs v_channels == channels; got "
                 f"v_channels={v_channels}, channels={channels}"
             )
-        c.check_pattern(_NAME, pattern)
+        c.check_pattern(_NAME, pattern, heads)
         self.channels, self.qk_channels, self.v_channels = channels, qk_channels, v_channels
         self.heads, self.pool_kv, self.residual = heads, pool_kv, residual
-        self.scale, self.checkpoint = scale, checkpoint
+        self.scale, self.checkpoint, self.pattern = scale, checkpoint, pattern
 
         def conv(cin: int, cout: int) -> nn.Module:
             return c.optional_spectral_norm(nn.Conv2d(cin, cout, 1, groups=groups), spectral_norm)
@@ -87,11 +88,11 @@ class SelfAttention2d(nn.Module):
         q, k, v = self.query(x), self.key(x), self.value(x)
         if self.pool_kv > 1:
             k, v = F.max_pool2d(k, self.pool_kv), F.max_pool2d(v, self.pool_kv)
-        o = attention(
-            c.map_to_heads(q, self.heads), c.map_to_heads(k, self.heads),
-            c.map_to_heads(v, self.heads), scale=self.scale,
+        o = attention2d(
+            c.map_to_grid_heads(q, self.heads), c.map_to_grid_heads(k, self.heads),
+            c.map_to_grid_heads(v, self.heads), pattern=self.pattern, scale=self.scale,
         )
-        o = c.heads_to_map(o, H, W)
+        o = c.grid_heads_to_map(o)
         return self.out(o) if self.out is not None else o
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -41,7 +41,7 @@ class Attention(nn.Module):
         num_heads = c.check_positive_int(name, "num_heads", num_heads)
         c.check_divisible(name, "dim", dim, "num_heads", num_heads)
         _check_dropout(name, attn_drop)
-        c.check_pattern(name, pattern)
+        c.check_no_pattern(name, pattern)
         self._name = name
         self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
         self.scale = self.head_dim**-0.5
@@ -84,7 +84,7 @@ class CrossAttention(nn.Module):
         context_dim = c.check_positive_int(name, "context_dim", context_dim)
         num_heads = c.check_positive_int(name, "num_heads", num_heads)
         c.check_divisible(name, "dim", dim, "num_heads", num_heads)
-        c.check_pattern(name, pattern)
+        c.check_no_pattern(name, pattern)
         self._name = name
         self.dim, self.context_dim, self.num_heads = dim, context_dim, num_heads
         self.q = nn.Linear(dim, dim, bias=qkv_bias)
