@@ -1,0 +1,218 @@
+// The sparse (gathered, block-sparse) kernels against the reference run with the equivalent
+// dense bool mask, on every compiled SIMD target; and layout validation.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "attention_test_util.h"
+#include "hwy/targets.h"
+
+namespace attn2d {
+namespace testing {
+namespace {
+
+// A random layout over len_q queries and len_k keys: rows shuffled into tiles (a partition),
+// each (query tile, key tile) pair visited with probability 0.6 and masked at random or full.
+struct RandomLayout {
+  std::vector<std::int32_t> head_layout, q_rows, k_rows, fwd_k_tile, bwd_q_tile;
+  std::vector<std::int64_t> q_begin, k_begin, fwd_begin, fwd_mask, bwd_begin, bwd_mask;
+  std::vector<std::uint64_t> masks;
+  std::vector<unsigned char> dense;  // (layouts, len_q, len_k): the same pattern, for the oracle
+  SparseLayout view;
+
+  RandomLayout(std::int64_t heads, std::int64_t len_q, std::int64_t len_k, int layouts,
+               std::int64_t block_q, std::uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    dense.assign(static_cast<size_t>(layouts * len_q * len_k), 0);
+    q_begin = {0};
+    k_begin = {0};
+    std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>> visits;
+    for (int l = 0; l < layouts; ++l) {
+      auto tiles = [&](std::int64_t len, std::int64_t block, std::vector<std::int32_t>& rows,
+                       std::vector<std::int64_t>& begin) {
+        std::vector<std::int32_t> perm(static_cast<size_t>(len));
+        std::iota(perm.begin(), perm.end(), 0);
+        std::shuffle(perm.begin(), perm.end(), rng);
+        std::int64_t n = 0;
+        for (std::int64_t i = 0; i < len;) {
+          // Ragged tiles: some shorter than the block.
+          const std::int64_t take = std::min<std::int64_t>(len - i, 1 + static_cast<std::int64_t>(rng() % block));
+          for (std::int64_t r = 0; r < block; ++r) rows.push_back(r < take ? perm[i + r] : -1);
+          i += take;
+          ++n;
+        }
+        begin.push_back(begin.back() + n);
+      };
+      const std::int64_t q0 = q_begin.back(), k0 = k_begin.back();
+      tiles(len_q, block_q, q_rows, q_begin);
+      tiles(len_k, 64, k_rows, k_begin);
+      std::bernoulli_distribution visit(0.6), full(0.3), bit(0.5);
+      for (std::int64_t qt = q0; qt < q_begin.back(); ++qt) {
+        for (std::int64_t kt = k0; kt < k_begin.back(); ++kt) {
+          if (!visit(rng)) continue;
+          std::int64_t m = -1;
+          std::vector<std::uint64_t> words(static_cast<size_t>(block_q), 0);
+          const bool all = full(rng);
+          for (std::int64_t r = 0; r < block_q; ++r) {
+            const std::int32_t i = q_rows[qt * block_q + r];
+            for (std::int64_t c = 0; c < 64; ++c) {
+              const std::int32_t j = k_rows[kt * 64 + c];
+              if (i < 0 || j < 0) continue;
+              const bool ok = all || bit(rng);
+              if (ok) words[r] |= std::uint64_t{1} << c;
+              if (ok) dense[(l * len_q + i) * len_k + j] = 1;
+            }
+          }
+          if (!all) {
+            m = static_cast<std::int64_t>(masks.size() / block_q);
+            masks.insert(masks.end(), words.begin(), words.end());
+          }
+          visits.emplace_back(qt, kt, m);
+        }
+      }
+    }
+    for (std::int64_t h = 0; h < heads; ++h) head_layout.push_back(static_cast<std::int32_t>(h % layouts));
+    const std::int64_t nq = q_begin.back(), nk = k_begin.back();
+    fwd_begin.assign(static_cast<size_t>(nq + 1), 0);
+    bwd_begin.assign(static_cast<size_t>(nk + 1), 0);
+    for (const auto& [qt, kt, m] : visits) {
+      ++fwd_begin[qt + 1];
+      ++bwd_begin[kt + 1];
+      fwd_k_tile.push_back(static_cast<std::int32_t>(kt));  // visits are in query-tile order
+      fwd_mask.push_back(m);
+    }
+    std::partial_sum(fwd_begin.begin(), fwd_begin.end(), fwd_begin.begin());
+    std::partial_sum(bwd_begin.begin(), bwd_begin.end(), bwd_begin.begin());
+    auto by_key = visits;
+    std::stable_sort(by_key.begin(), by_key.end(),
+                     [](const auto& a, const auto& b) { return std::get<1>(a) < std::get<1>(b); });
+    for (const auto& [qt, kt, m] : by_key) {
+      bwd_q_tile.push_back(static_cast<std::int32_t>(qt));
+      bwd_mask.push_back(m);
+    }
+    view.block_q = block_q;
+    view.block_k = 64;
+    view.num_layouts = layouts;
+    view.head_layout = head_layout.data();
+    view.q_tile_begin = q_begin.data();
+    view.k_tile_begin = k_begin.data();
+    view.q_rows = q_rows.data();
+    view.k_rows = k_rows.data();
+    view.fwd_begin = fwd_begin.data();
+    view.fwd_k_tile = fwd_k_tile.data();
+    view.fwd_mask = fwd_mask.data();
+    view.bwd_begin = bwd_begin.data();
+    view.bwd_q_tile = bwd_q_tile.data();
+    view.bwd_mask = bwd_mask.data();
+    view.num_masks = static_cast<std::int64_t>(masks.size()) / block_q;
+    view.masks = masks.data();
+  }
+};
+
+class SparseAttention : public ::testing::TestWithParam<std::int64_t> {
+ protected:
+  void SetUp() override { hwy::SetSupportedTargetsForTest(GetParam()); }
+  void TearDown() override { hwy::SetSupportedTargetsForTest(0); }
+};
+
+INSTANTIATE_TEST_SUITE_P(Targets, SparseAttention,
+                         ::testing::ValuesIn(hwy::SupportedAndGeneratedTargets()),
+                         [](const ::testing::TestParamInfo<std::int64_t>& info) {
+                           return std::string(hwy::TargetName(info.param));
+                         });
+
+template <typename T>
+void expect_sparse_matches_dense(std::int64_t B, std::int64_t H, std::int64_t Lq, std::int64_t Lk,
+                                 std::int64_t E, std::int64_t Ev, int layouts,
+                                 std::int64_t block_q, std::uint64_t seed) {
+  RandomLayout lay(H, Lq, Lk, layouts, block_q, seed);
+  // The oracle: the reference backend with the layout's dense mask, per head.
+  auto dense = make_problem<double>(B, H, Lq, Lk, E, Ev, Layout::kSequenceMajor, seed + 1,
+                                    MaskKind::kBool, {true, false, false, false});
+  for (std::int64_t h = 0; h < H; ++h) {
+    const std::int64_t l = lay.head_layout[h];
+    std::copy_n(lay.dense.begin() + l * Lq * Lk, Lq * Lk, dense.mask.bools.begin() + h * Lq * Lk);
+  }
+  auto sparse = make_problem<T>(B, H, Lq, Lk, E, Ev, Layout::kSequenceMajor, seed + 1);
+  auto cast = [](const Tensor4<T>& t) { return t.template cast<double>(); };
+  dense.q = cast(sparse.q), dense.k = cast(sparse.k), dense.v = cast(sparse.v);
+  dense.dout = cast(sparse.dout);
+  const Result<double> oracle = run(dense, Backend::kReference, serial_host());
+  ASSERT_TRUE(oracle.forward_status.ok() && oracle.backward_status.ok());
+
+  Result<T> ours;
+  ours.out = make_tensor<T>({B, H, Lq, Ev}, Layout::kContiguous);
+  ours.lse.assign(static_cast<size_t>(B * H * Lq), T(0));
+  ours.dq = make_tensor<T>({B, H, Lq, E}, Layout::kContiguous);
+  ours.dk = make_tensor<T>({B, H, Lk, E}, Layout::kContiguous);
+  ours.dv = make_tensor<T>({B, H, Lk, Ev}, Layout::kContiguous);
+  AttentionBackwardParams bp;
+  bp.fwd = forward_params(sparse, ours.out, ours.lse);
+  bp.fwd.layout = &lay.view;
+  ASSERT_TRUE(attention_forward(bp.fwd, thread_host(2)).ok());
+  set_view(sparse.dout, &bp.dout, bp.dout_stride);
+  bp.dq = ours.dq.data.data(), bp.dk = ours.dk.data.data(), bp.dv = ours.dv.data.data();
+  std::copy(ours.dq.stride.begin(), ours.dq.stride.end(), bp.dq_stride);
+  std::copy(ours.dk.stride.begin(), ours.dk.stride.end(), bp.dk_stride);
+  std::copy(ours.dv.stride.begin(), ours.dv.stride.end(), bp.dv_stride);
+  const Status s = attention_backward(bp, thread_host(2));
+  ASSERT_TRUE(s.ok()) << s.message();
+  const double tol = sizeof(T) == 4 ? 2e-5 : 1e-12;  // inputs and outputs of order 1
+  EXPECT_LE(max_abs_diff(ours.out, oracle.out), tol);
+  EXPECT_LE(max_abs_diff(ours.dq, oracle.dq), tol);
+  EXPECT_LE(max_abs_diff(ours.dk, oracle.dk), tol);
+  EXPECT_LE(max_abs_diff(ours.dv, oracle.dv), tol);
+  for (size_t r = 0; r < ours.lse.size(); ++r) {
+    if (std::isinf(oracle.lse[r])) EXPECT_EQ(ours.lse[r], oracle.lse[r]);  // fully masked row
+  }
+}
+
+TEST_P(SparseAttention, RandomLayoutsMatchTheDenseMaskOracle) {
+  expect_sparse_matches_dense<double>(2, 3, 130, 150, 7, 5, 2, 64, 1);
+  expect_sparse_matches_dense<double>(1, 2, 17, 200, 16, 8, 1, 16, 2);
+  expect_sparse_matches_dense<float>(2, 2, 100, 90, 8, 24, 2, 32, 3);
+}
+
+TEST(SparseLayoutValidation, MalformedLayoutsAreInvalidArguments) {
+  RandomLayout good(2, 40, 70, 1, 16, 5);
+  auto pr = make_problem<float>(1, 2, 40, 70, 4, 4, Layout::kContiguous, 5);
+  auto out = make_tensor<float>({1, 2, 40, 4}, Layout::kContiguous);
+  std::vector<float> lse(80);
+  AttentionParams p = forward_params(pr, out, lse);
+  p.layout = &good.view;
+  ASSERT_TRUE(validate(p).ok()) << validate(p).message();
+  struct Case {
+    const char* what;
+    void (*mutate)(RandomLayout&);
+  } cases[] = {
+      {"key row out of range", [](RandomLayout& l) { l.k_rows[0] = 70; }},
+      {"duplicate query row", [](RandomLayout& l) { l.q_rows[1] = l.q_rows[0]; }},
+      {"bad block_k", [](RandomLayout& l) { l.view.block_k = 32; }},
+      {"head layout out of range", [](RandomLayout& l) { l.head_layout[1] = 3; }},
+      {"mask index out of range", [](RandomLayout& l) {
+         if (!l.fwd_mask.empty()) l.fwd_mask[0] = l.view.num_masks + 5;
+       }},
+      {"backward lists disagree", [](RandomLayout& l) {
+         if (!l.bwd_mask.empty()) l.bwd_mask[0] = l.bwd_mask[0] == -1 ? 0 : -1;
+       }},
+  };
+  for (const Case& c : cases) {
+    RandomLayout bad(2, 40, 70, 1, 16, 5);
+    c.mutate(bad);
+    p.layout = &bad.view;
+    EXPECT_EQ(validate(p).code(), StatusCode::kInvalidArgument) << c.what;
+  }
+  p.layout = &good.view;
+  p.is_causal = true;
+  EXPECT_EQ(validate(p).code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace attn2d
