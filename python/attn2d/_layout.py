@@ -155,9 +155,13 @@ def build(pattern, q_hw: tuple[int, int], kv_hw: tuple[int, int], heads: int):
 
 
 def visited_pairs(layout) -> int:
-    """(query, key) pairs the kernel computes per head set: for FLOP counts and benchmarks."""
-    q_rows, k_rows, fwd_begin, fwd_k = layout[3], layout[4], layout[5], layout[6]
+    """(query, key) pairs the kernel computes for one image, summed over the heads."""
+    head_layout, q_begin, q_rows, k_rows, fwd_begin, fwd_k = (
+        layout[0], layout[1], layout[3], layout[4], layout[5], layout[6])
     q_count = (q_rows >= 0).sum(1)
     k_count = (k_rows >= 0).sum(1)
     tiles = torch.repeat_interleave(torch.arange(q_rows.shape[0]), fwd_begin.diff())
-    return int((q_count[tiles] * k_count[fwd_k.long()]).sum())
+    per_visit = q_count[tiles] * k_count[fwd_k.long()]
+    per_tile = torch.zeros(q_rows.shape[0], dtype=torch.int64).index_add_(0, tiles, per_visit)
+    per_layout = [int(per_tile[q_begin[i]:q_begin[i + 1]].sum()) for i in range(q_begin.numel() - 1)]
+    return sum(per_layout[int(i)] for i in head_layout)

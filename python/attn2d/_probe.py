@@ -57,6 +57,19 @@ def _attention_case(case):
     v = torch.randn(B, H, Lk, Ev, generator=gen, dtype=dtype).requires_grad_(backward)
     grad = torch.randn(B, H, Lq, Ev, generator=gen, dtype=dtype)
     impl = case["impl"]
+    if "q_hw" in case:  # a pixel grid, optionally with a pattern: attention2d
+        from attn2d.patterns import from_spec
+
+        q_hw, kv_hw = tuple(case["q_hw"]), tuple(case["kv_hw"])
+        pattern = from_spec(case["pattern"]) if "pattern" in case else None
+        q5, k5, v5 = (t.detach().unflatten(2, hw).requires_grad_(backward)
+                      for t, hw in ((q, q_hw), (k, kv_hw), (v, kv_hw)))
+        if pattern is not None:  # the cached layout is part of the set-up, not the run
+            from attn2d import _layout
+
+            _layout.build(pattern, q_hw, kv_hw, H)
+        grad = grad.unflatten(2, q_hw)
+        return (lambda: attn2d.attention2d(q5, k5, v5, pattern=pattern, scale=scale)), grad
     if impl == "attn2d":
         return (lambda: attn2d.attention(q, k, v, scale=scale)), grad
     if impl in PEERS:

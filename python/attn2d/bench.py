@@ -1,7 +1,8 @@
 """`attn2d bench`: attn2d side by side with PyTorch's CPU attention paths, in one run.
 
 Every case runs attn2d and each peer (attn2d.peers) on the same inputs, in the same process:
-forward, backward and forward+backward, each the median of `reps` runs after a warm-up. Rates are
+forward (recording for autograd), backward and forward+backward of `reps` training steps after a
+warm-up, medians of each. Rates are
 GFLOP/s (forward 2*B*H*Lq*Lk*(E+Ev), backward 2.5x that) and the fraction of the FMA peak that
 the harness measures on this machine first. Peak memory comes from a fresh subprocess per case
 and implementation (attn2d.memory.measure). A peer that refuses the input (the CPU flash kernel
@@ -58,39 +59,25 @@ def quick_cases() -> list[Case]:
             Case("ViT-B N=196", 1, 12, 196, 196, 64, 64)]
 
 
-def _median_time(fn: Callable[[], object], reps: int) -> float:
-    times = []
+def time_training_step(fn: Callable[..., torch.Tensor], inputs: list[torch.Tensor],
+                       reps: int) -> dict:
+    """Medians over `reps` training steps (after one warm-up) of the forward (with autograd
+    recording, as in training), the backward, and the two together, all from the same runs."""
+    leaves = [t.detach().requires_grad_() for t in inputs]
+    out = fn(*leaves)
+    grad = torch.randn(out.shape, dtype=out.dtype)
+    out.backward(grad)  # warm-up (and the refusal, if any)
+    fwd, bwd = [], []
     for _ in range(reps):
         t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def _time_impl(fn, q, k, v, scale, reps: int) -> dict:
-    grad = torch.randn(q.shape[:-1] + (v.shape[-1],))
-    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-
-    def forward():
-        with torch.no_grad():
-            return fn(q, k, v, scale)
-
-    def forward_backward():
-        out = fn(*leaves, scale)
+        out = fn(*leaves)
+        t1 = time.perf_counter()
         out.backward(grad)
-
-    forward()  # warm-up (and the refusal, if any)
-    forward_backward()
-    t_fwd = _median_time(forward, reps)
-    t_fb = _median_time(forward_backward, reps)
-    # Backward alone: the forward is run outside the timed region each time.
-    times = []
-    for _ in range(reps):
-        out = fn(*leaves, scale)
-        t0 = time.perf_counter()
-        out.backward(grad)
-        times.append(time.perf_counter() - t0)
-    return {"forward_s": t_fwd, "backward_s": statistics.median(times), "fwd_bwd_s": t_fb}
+        t2 = time.perf_counter()
+        fwd.append(t1 - t0)
+        bwd.append(t2 - t1)
+    return {"forward_s": statistics.median(fwd), "backward_s": statistics.median(bwd),
+            "fwd_bwd_s": statistics.median([a + b for a, b in zip(fwd, bwd)])}
 
 
 def run_case(case: Case, reps: int, peers: list[str], with_memory: bool) -> dict:
@@ -108,7 +95,7 @@ def run_case(case: Case, reps: int, peers: list[str], with_memory: bool) -> dict
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
-                r = _time_impl(fn, q, k, v, scale, reps)
+                r = time_training_step(lambda *t: fn(*t, scale), [q, k, v], reps)
             except RuntimeError as err:
                 reasons = [str(w.message) for w in caught if "kernel not used" not in str(w.message)]
                 results[name] = {"refused": (reasons[-1] if reasons else str(err)).splitlines()[0]}

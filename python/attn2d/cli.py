@@ -22,16 +22,20 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--reps", type=int, default=5, help="timed runs per measurement")
     bench.add_argument("--quick", action="store_true", help="two small cases only")
     bench.add_argument("--no-memory", action="store_true", help="skip the subprocess memory runs")
+    bench.add_argument("--patterns", action="store_true",
+                       help="local/sparse patterns against global, dense-masked and Flex")
     args = parser.parse_args(argv)
     if args.command == "plan":
         return _plan(parser, args)
     if args.command == "bench":
         from . import bench as bench_module
+        from . import bench_patterns
 
+        module = bench_patterns if args.patterns else bench_module
         try:
-            bench_module.run(args.out, cases=bench_module.quick_cases() if args.quick else None,
-                             reps=args.reps, with_memory=not args.no_memory,
-                             log=lambda line: print(line, flush=True))
+            module.run(args.out, cases=module.quick_cases() if args.quick else None,
+                       reps=args.reps, with_memory=not args.no_memory,
+                       log=lambda line: print(line, flush=True))
         except ValueError as err:
             print(f"attn2d bench: error: {err}", file=sys.stderr)
             return 2

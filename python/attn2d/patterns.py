@@ -77,6 +77,11 @@ class Window:
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Window) and repr(self) == repr(other)
 
+    def to_spec(self) -> dict:
+        """A JSON-able description; from_spec() rebuilds the pattern."""
+        return {"kind": "window", "size": self.size, "metric": self.metric,
+                "dilation": self.dilation, "border": self.border}
+
     def __hash__(self) -> int:
         return hash(repr(self))
 
@@ -224,6 +229,9 @@ class YLG:
     def __eq__(self, other: object) -> bool:
         return isinstance(other, YLG) and repr(self) == repr(other)
 
+    def to_spec(self) -> dict:
+        return {"kind": "ylg", "patterns": list(self.patterns), "mapping": self.mapping}
+
     def __hash__(self) -> int:
         return hash(repr(self))
 
@@ -256,3 +264,14 @@ class YLG:
         self.check(q_hw, kv_hw, heads)
         everyone = torch.arange(q_hw[0] * q_hw[1])
         return torch.stack([self.allowed_rows(k, q_hw, kv_hw, everyone) for k in self.patterns])
+
+
+def from_spec(spec: dict):
+    """The pattern a to_spec() dict describes."""
+    spec = dict(spec)
+    kind = spec.pop("kind", None)
+    if kind == "window":
+        return Window(**spec)
+    if kind == "ylg":
+        return YLG(None, **spec)
+    raise ValueError(f"attn2d.patterns: unknown pattern spec kind {kind!r}")

@@ -42,3 +42,20 @@ def test_bad_arguments_are_clear_errors(capsys):
     assert "reps" in capsys.readouterr().err
     with pytest.raises(ValueError, match="unknown peers"):
         bench.run("unused", cases=[], peers=["tensorflow"], log=lambda line: None)
+
+
+def test_pattern_bench_side_by_side(tmp_path):
+    from attn2d import bench_patterns
+    from attn2d.patterns import Window
+
+    case = bench_patterns.PatternCase("window 3, 12x12", 2, (12, 12), (12, 12), 8, 8, Window(3))
+    report = bench_patterns.run(str(tmp_path), cases=[case], reps=1, with_memory=False,
+                                with_flex=True, log=lambda line: None)
+    c = report["cases"][0]
+    assert set(c["results"]) == {"attn2d-pattern", "attn2d-global", "dense-masked-math",
+                                 "flex-forward"}
+    s = c["summary"]
+    assert s["allowed_pairs"] == 2 * int(Window(3).dense_mask((12, 12), (12, 12)).sum())
+    assert s["allowed_pairs"] <= s["visited_pairs"] <= s["global_pairs"]
+    assert s["per_pair_ratio_fwd"] > 0 and s["flex_over_attn2d_fwd"] > 0
+    assert "| window 3, 12x12 | attn2d-pattern |" in (tmp_path / "bench_patterns.md").read_text()

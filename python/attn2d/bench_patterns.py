@@ -1,0 +1,229 @@
+"""`attn2d bench --patterns`: local and sparse attention on 128x128 and 256x256 maps, side by
+side in one run with attn2d's global attention, dense-masked math attention (torch SDPA's math
+path with the pattern's dense mask, where its N x M matrices fit) and FlexAttention's compiled
+CPU forward with the same mask (it has no CPU backward).
+
+Per-pair time is a run's time over the (query, key) pairs it must cover: allowed pairs for the
+patterns, N x M for global attention; 'visited' counts the pairs attn2d's tiles compute."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from . import _layout
+from .bench import time_training_step
+from .memory import format_bytes, measure
+from .patterns import YLG, Window
+
+DENSE_LIMIT = 1 << 28  # heads * N * M elements: beyond, the masked math path would need > 3 GiB
+
+
+@dataclass(frozen=True)
+class PatternCase:
+    name: str
+    heads: int
+    q_hw: tuple[int, int]
+    kv_hw: tuple[int, int]
+    E: int
+    Ev: int
+    pattern: object
+
+
+def default_cases() -> list[PatternCase]:
+    cases = []
+    for side in (128, 256):
+        cases.append(PatternCase(f"window 15 (chebyshev), {side}x{side}", 4, (side, side),
+                                 (side, side), 16, 16, Window(15)))
+        cases.append(PatternCase(f"window 15 (manhattan), {side}x{side}", 4, (side, side),
+                                 (side, side), 16, 16, Window(15, "manhattan")))
+        half = side // 2
+        cases.append(PatternCase(f"YLG 8 heads, {side}x{side} over {half}x{half} keys", 8,
+                                 (side, side), (half, half), 8, 16, YLG(8)))
+    return cases
+
+
+def quick_cases() -> list[PatternCase]:
+    return [PatternCase("window 7, 32x32", 2, (32, 32), (32, 32), 16, 16, Window(7)),
+            PatternCase("YLG, 32x32 over 16x16", 8, (32, 32), (16, 16), 8, 16, YLG(8))]
+
+
+def _median(fn: Callable[[], object], reps: int) -> float:
+    fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _flex_forward(case: PatternCase, q, k, v, mask: torch.Tensor) -> Optional[Callable]:
+    """FlexAttention with the pattern as a mask_mod over the dense mask (compiled, CPU)."""
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    except ImportError:
+        return None
+    dense = mask  # (heads, N, M) bool
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return dense[h, q_idx, kv_idx]
+
+    block_mask = create_block_mask(mask_mod, None, case.heads, q.shape[2], k.shape[2],
+                                   device="cpu")
+    compiled = torch.compile(flex_attention)
+
+    def run():
+        with torch.no_grad():
+            return compiled(q, k, v, block_mask=block_mask)
+
+    return run
+
+
+def run_case(case: PatternCase, reps: int, with_memory: bool, with_flex: bool,
+             log: Callable[[str], None], global_runs: Optional[dict] = None) -> dict:
+    """global_runs: results of attn2d's global attention by shape, shared by the cases of one
+    run that differ only in their pattern (the same inputs: the seed is fixed)."""
+    import attn2d
+
+    gen = torch.Generator().manual_seed(0)
+    B, H = 1, case.heads
+    q = torch.randn(B, H, *case.q_hw, case.E, generator=gen)
+    k = torch.randn(B, H, *case.kv_hw, case.E, generator=gen)
+    v = torch.randn(B, H, *case.kv_hw, case.Ev, generator=gen)
+    n, m = case.q_hw[0] * case.q_hw[1], case.kv_hw[0] * case.kv_hw[1]
+    t0 = time.perf_counter()
+    layout = _layout.build(case.pattern, case.q_hw, case.kv_hw, H)
+    build_s = time.perf_counter() - t0
+    visited = B * _layout.visited_pairs(layout)
+    allowed = 0
+    dense_fits = H * n * m <= DENSE_LIMIT
+    mask = case.pattern.dense_mask(case.q_hw, case.kv_hw, H) if dense_fits or with_flex else None
+    if mask is not None:
+        allowed = int(mask.sum()) * B
+    else:  # count without the dense mask: row by row through the pattern
+        for h in range(H):
+            rows = torch.arange(n)
+            if isinstance(case.pattern, YLG):
+                allowed += int(case.pattern.allowed_rows(case.pattern.patterns[h], case.q_hw,
+                                                         case.kv_hw, rows).sum())
+            else:
+                allowed += int(case.pattern.allowed_rows(case.q_hw, case.kv_hw, rows).sum())
+    results = {}
+    log(f"    attn2d {case.pattern!r} (layout built in {build_s:.1f} s) ...")
+    results["attn2d-pattern"] = time_training_step(
+        lambda a, b, c: attn2d.attention2d(a, b, c, pattern=case.pattern), [q, k, v], reps)
+    shape = (H, case.q_hw, case.kv_hw, case.E, case.Ev)
+    global_runs = {} if global_runs is None else global_runs
+    if shape not in global_runs:
+        log("    attn2d global ...")
+        global_runs[shape] = time_training_step(
+            lambda a, b, c: attn2d.attention2d(a, b, c), [q, k, v], reps)
+    results["attn2d-global"] = dict(global_runs[shape])
+    q4, k4, v4 = q.flatten(2, 3), k.flatten(2, 3), v.flatten(2, 3)
+    if dense_fits:
+        log("    dense-masked SDPA math ...")
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        def masked(a, b, c):
+            with sdpa_kernel(SDPBackend.MATH):
+                return torch.nn.functional.scaled_dot_product_attention(a, b, c, attn_mask=mask)
+
+        results["dense-masked-math"] = time_training_step(masked, [q4, k4, v4], reps)
+    else:
+        results["dense-masked-math"] = {"skipped": f"{H * n * m / 2**30:.0f} G scores do not fit"}
+    if with_flex and mask is not None:
+        log("    FlexAttention forward (compiling) ...")
+        flex = _flex_forward(case, q4, k4, v4, mask)
+        if flex is None:
+            results["flex-forward"] = {"skipped": "FlexAttention unavailable"}
+        else:
+            results["flex-forward"] = {"forward_s": _median(flex, reps)}
+    ours, glob = results["attn2d-pattern"], results["attn2d-global"]
+    summary = {
+        "allowed_pairs": allowed,
+        "visited_pairs": visited,
+        "global_pairs": B * H * n * m,
+        "layout_build_s": build_s,
+        "ns_per_allowed_pair_fwd": 1e9 * ours["forward_s"] / allowed,
+        "ns_per_pair_global_fwd": 1e9 * glob["forward_s"] / (B * H * n * m),
+        "ns_per_allowed_pair_bwd": 1e9 * ours["backward_s"] / allowed,
+        "ns_per_pair_global_bwd": 1e9 * glob["backward_s"] / (B * H * n * m),
+    }
+    summary["per_pair_ratio_fwd"] = summary["ns_per_allowed_pair_fwd"] / summary["ns_per_pair_global_fwd"]
+    if "forward_s" in results.get("flex-forward", {}):
+        summary["flex_over_attn2d_fwd"] = results["flex-forward"]["forward_s"] / ours["forward_s"]
+    if with_memory:
+        for impl in ("attn2d-pattern", "attn2d-global"):
+            spec = dict(impl="attn2d", B=B, H=H, Lq=n, Lk=m, E=case.E, Ev=case.Ev,
+                        q_hw=list(case.q_hw), kv_hw=list(case.kv_hw))
+            if impl == "attn2d-pattern":
+                spec["pattern"] = case.pattern.to_spec()
+            results[impl]["peak_bytes"] = measure(spec)["peak_above_baseline_bytes"]
+    return {"case": case.name, "results": results, "summary": summary}
+
+
+def _markdown(report: dict) -> str:
+    lines = [
+        "# attn2d bench --patterns",
+        "",
+        f"{report['machine']}; {report['threads']} threads; medians of {report['reps']} "
+        "training steps (forward with autograd recording, backward) after a warm-up; Flex: "
+        "forward only (no CPU backward), compiled.",
+        "",
+        "| case | implementation | forward | backward | peak memory | ns per pair (fwd) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for c in report["cases"]:
+        s = c["summary"]
+        for name, r in c["results"].items():
+            if "skipped" in r:
+                lines.append(f"| {c['case']} | {name} | skipped: {r['skipped']} | | | |")
+                continue
+            pairs = s["global_pairs"] if name == "attn2d-global" else s["allowed_pairs"]
+            bwd = f"{1e3 * r['backward_s']:.1f} ms" if "backward_s" in r else "-"
+            mem = format_bytes(r["peak_bytes"]) if "peak_bytes" in r else ""
+            lines.append(f"| {c['case']} | {name} | {1e3 * r['forward_s']:.1f} ms | {bwd} | "
+                         f"{mem} | {1e9 * r['forward_s'] / pairs:.2f} |")
+    lines += ["", "| case | allowed pairs | visited by attn2d | per-pair time / global's (fwd) "
+              "| Flex fwd time / attn2d's |", "|---|---|---|---|---|"]
+    for c in report["cases"]:
+        s = c["summary"]
+        flex = f"{s['flex_over_attn2d_fwd']:.2f}" if "flex_over_attn2d_fwd" in s else "-"
+        lines.append(f"| {c['case']} | {s['allowed_pairs']:,} | {s['visited_pairs']:,} "
+                     f"({s['visited_pairs'] / s['allowed_pairs']:.1f}x) | "
+                     f"{s['per_pair_ratio_fwd']:.2f} | {flex} |")
+    return "\n".join(lines) + "\n"
+
+
+def run(out_dir: str = "attn2d-report", *, cases: Optional[list[PatternCase]] = None,
+        reps: int = 5, with_memory: bool = True, with_flex: bool = True,
+        log: Callable[[str], None] = print) -> dict:
+    import platform
+
+    import attn2d
+
+    if reps < 1:
+        raise ValueError(f"attn2d bench: reps must be >= 1; got {reps}")
+    cases = default_cases() if cases is None else cases
+    report = {"machine": f"{platform.machine()}, attn2d on {attn2d.cpu_simd_target()}, "
+                         f"torch {torch.__version__}",
+              "threads": torch.get_num_threads(), "reps": reps, "cases": []}
+    global_runs: dict = {}
+    for i, case in enumerate(cases, 1):
+        log(f"[{i}/{len(cases)}] {case.name}")
+        report["cases"].append(run_case(case, reps, with_memory, with_flex, log, global_runs))
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "bench_patterns.json"), "w") as f:
+        json.dump(report, f, indent=2, default=str)
+    md = _markdown(report)
+    with open(os.path.join(out_dir, "bench_patterns.md"), "w") as f:
+        f.write(md)
+    log(md)
+    return report
