@@ -46,7 +46,10 @@ class CMakeBuild(build_ext):
         )
         target = Path(self.get_ext_fullpath(ext.name))
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(build_dir / "_attn2d_torch.so", target)
+        # Copy then rename: a process that has the old library loaded keeps its file intact.
+        staging = target.with_name(target.name + ".tmp")
+        shutil.copyfile(build_dir / "_attn2d_torch.so", staging)
+        os.replace(staging, target)
 
 
 setup(ext_modules=[CMakeExtension("attn2d._C")], cmdclass={"build_ext": CMakeBuild})

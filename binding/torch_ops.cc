@@ -141,20 +141,32 @@ AttentionParams make_params(const at::Tensor& q, const at::Tensor& k, const at::
   return p;
 }
 
-std::tuple<at::Tensor, at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor& k,
-                                                     const at::Tensor& v,
-                                                     const std::optional<at::Tensor>& attn_mask,
-                                                     bool is_causal, double scale) {
-  const char* op = "attn2d.attention_forward";
+// The forward of both ops; with a layout, rows outside every query tile keep out = 0 and
+// lse = -inf (fully masked).
+std::tuple<at::Tensor, at::Tensor> forward_with_layout(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const std::optional<at::Tensor>& attn_mask, bool is_causal, double scale,
+    const SparseLayout* layout, const char* op) {
   AttentionParams p = make_params(q, k, v, attn_mask, is_causal, scale, op);
-  at::Tensor out = at::empty({p.batch, p.heads, p.len_q, p.dim_v}, q.options());
-  at::Tensor lse = at::empty({p.batch, p.heads, p.len_q}, q.options());
+  p.layout = layout;
+  at::Tensor out = layout ? at::zeros({p.batch, p.heads, p.len_q, p.dim_v}, q.options())
+                          : at::empty({p.batch, p.heads, p.len_q, p.dim_v}, q.options());
+  at::Tensor lse = layout ? at::full({p.batch, p.heads, p.len_q}, -INFINITY, q.options())
+                          : at::empty({p.batch, p.heads, p.len_q}, q.options());
   p.out = out.data_ptr();
   copy_strides(out, p.out_stride);
   p.lse = lse.data_ptr();
   copy_strides(lse, p.lse_stride);
   raise_unless_ok(attn2d::attention_forward(p, torch_host()), op);
   return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor& k,
+                                                     const at::Tensor& v,
+                                                     const std::optional<at::Tensor>& attn_mask,
+                                                     bool is_causal, double scale) {
+  return forward_with_layout(q, k, v, attn_mask, is_causal, scale, nullptr,
+                             "attn2d.attention_forward");
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_with_layout(
@@ -209,6 +221,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(
 // The layout tensors, in the order attn2d/_layout.py packs them.
 constexpr int kLayoutTensors = 12;
 
+void check_layout_heads(const at::TensorList& layout, const at::Tensor& q, const char* op) {
+  const std::int64_t heads = layout.empty() ? 0 : layout[0].numel();
+  TORCH_CHECK_VALUE(q.dim() == 4 && q.size(1) == heads, op, ": the layout has ", heads,
+                    " heads; q must be 4-D (B, heads, Lq, E) with as many; got shape ",
+                    q.sizes());
+}
+
 SparseLayout make_layout(const at::TensorList& t, std::int64_t block_q, const char* op) {
   TORCH_CHECK_VALUE(t.size() == kLayoutTensors, op, ": layout must hold ", kLayoutTensors,
                     " tensors (build it with attn2d.patterns); got ", t.size());
@@ -260,21 +279,9 @@ std::tuple<at::Tensor, at::Tensor> attention2d_forward(const at::Tensor& q, cons
                                                        at::TensorList layout,
                                                        std::int64_t block_q, double scale) {
   const char* op = "attn2d.attention2d_forward";
-  AttentionParams p = make_params(q, k, v, std::nullopt, false, scale, op);
-  TORCH_CHECK_VALUE(layout.size() == kLayoutTensors && layout[0].numel() == p.heads, op,
-                    ": the layout has ", layout.empty() ? 0 : layout[0].numel(),
-                    " heads but q has ", p.heads);
+  check_layout_heads(layout, q, op);
   const SparseLayout lay = make_layout(layout, block_q, op);
-  p.layout = &lay;
-  // Rows outside every query tile keep out = 0 and lse = -inf (fully masked).
-  at::Tensor out = at::zeros({p.batch, p.heads, p.len_q, p.dim_v}, q.options());
-  at::Tensor lse = at::full({p.batch, p.heads, p.len_q}, -INFINITY, q.options());
-  p.out = out.data_ptr();
-  copy_strides(out, p.out_stride);
-  p.lse = lse.data_ptr();
-  copy_strides(lse, p.lse_stride);
-  raise_unless_ok(attn2d::attention_forward(p, torch_host()), op);
-  return {out, lse};
+  return forward_with_layout(q, k, v, std::nullopt, false, scale, &lay, op);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention2d_backward(
@@ -282,8 +289,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention2d_backward(
     const at::Tensor& out, const at::Tensor& lse, at::TensorList layout, std::int64_t block_q,
     double scale) {
   const char* op = "attn2d.attention2d_backward";
-  TORCH_CHECK_VALUE(layout.size() == kLayoutTensors && layout[0].numel() == q.size(1), op,
-                    ": the layout's head count does not match q");
+  check_layout_heads(layout, q, op);
   const SparseLayout lay = make_layout(layout, block_q, op);
   return backward_with_layout(grad_out, q, k, v, out, lse, std::nullopt, false, scale, &lay, op);
 }
