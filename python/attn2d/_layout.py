@@ -18,15 +18,19 @@ from . import patterns as P
 
 BLOCK_Q = 64
 BLOCK_K = 64  # one mask word per query row
-_ROWS_PER_CHUNK = 4096  # query rows whose allowed keys are materialised at once (x Nk bools)
+
+
+def _block_shape(hw: tuple[int, int], size: int) -> tuple[int, int]:
+    """Blocks of at most `size` pixels, 8 wide where the grid is that wide: square-ish 2-D
+    neighbourhoods."""
+    bw = min(hw[1], 8)
+    return max(size // bw, 1), bw
 
 
 def _pixel_blocks(hw: tuple[int, int], size: int) -> list[torch.Tensor]:
-    """Raster indices of the grid cut into blocks of at most `size` pixels, 8 wide where the
-    grid is that wide (a square-ish 2-D neighbourhood)."""
+    """Raster indices of the grid cut into blocks, in block-raster order."""
     h, w = hw
-    bw = min(w, 8)
-    bh = max(size // bw, 1)
+    bh, bw = _block_shape(hw, size)
     tiles = []
     for r0 in range(0, h, bh):
         for c0 in range(0, w, bw):
@@ -35,12 +39,42 @@ def _pixel_blocks(hw: tuple[int, int], size: int) -> list[torch.Tensor]:
     return tiles
 
 
+def _window_candidates(pattern: P.Window, q_hw, kv_hw):
+    """Key tiles (of _pixel_blocks) that can hold a key of a query tile's windows: those in the
+    bounding box of its windows."""
+    hk, wk = kv_hw
+    bh, bw = _block_shape(kv_hw, BLOCK_K)
+    tiles_per_row = (wk + bw - 1) // bw
+    ci_all, cj_all = P.key_centres(q_hw, kv_hw)
+    d, k = pattern.dilation, pattern.size
+    lo = -(k // 2)
+
+    def span(c: torch.Tensor, length: int) -> tuple[int, int]:
+        if pattern.border == "shift":
+            starts = pattern._shifted_starts(c, length)
+            first, last = int(starts.min()), int(starts.max()) + d * (k - 1)
+        else:
+            first, last = int(c.min()) + d * lo, int(c.max()) + d * (lo + k - 1)
+        return max(first, 0), min(last, length - 1)
+
+    def candidates(query_rows: torch.Tensor) -> torch.Tensor:
+        r0, r1 = span(ci_all[query_rows], hk)
+        c0, c1 = span(cj_all[query_rows], wk)
+        rows = torch.arange(r0 // bh, r1 // bh + 1)
+        cols = torch.arange(c0 // bw, c1 // bw + 1)
+        return (rows[:, None] * tiles_per_row + cols[None, :]).flatten()
+
+    return candidates
+
+
 def _chunks(order: torch.Tensor, size: int) -> list[torch.Tensor]:
     return [order[i:i + size] for i in range(0, order.numel(), size)]
 
 
 def _ylg_plan(pattern: P.YLG, kind: str, q_hw, kv_hw):
-    """Query tiles and key tiles of one YLG head pattern: both in enumeration order."""
+    """Query tiles, key tiles (both in enumeration order) and candidate key tiles of one YLG
+    head pattern. Key tiles: first the repetitive patterns' "special" columns (one key per
+    block of the 1-D pattern, seen by every query), then the other positions in runs."""
     n = kv_hw[0] * kv_hw[1]
     l = max(math.isqrt(n), 1)
     order = torch.argsort(P.manhattan_order(kv_hw))  # position -> key raster
@@ -53,9 +87,25 @@ def _ylg_plan(pattern: P.YLG, kind: str, q_hw, kv_hw):
         special = positions[(positions % l == 0) & (positions + l - 1 < n)]
     else:
         special = positions[:0]
-    rest = positions[~torch.isin(positions, special)]
+    is_special = torch.zeros(n, dtype=torch.bool)
+    is_special[special] = True
+    rest = positions[~is_special]
+    n_special_tiles = (special.numel() + BLOCK_K - 1) // BLOCK_K
     k_tiles = [order[c] for c in _chunks(special, BLOCK_K) + _chunks(rest, BLOCK_K)]
-    return q_tiles, k_tiles
+    tile_of = torch.empty(n, dtype=torch.long)  # position -> key tile, for the other positions
+    tile_of[rest] = n_special_tiles + torch.arange(rest.numel()) // BLOCK_K
+    specials = torch.arange(n_special_tiles)
+
+    def candidates(query_rows: torch.Tensor) -> torch.Tensor:
+        r = query_pos[query_rows]
+        if kind.endswith("floor"):  # keys in the query's block of l positions
+            lo = int(r.min()) - int(r.min()) % l
+            hi = min(int(r.max()) - int(r.max()) % l + l - 1, n - 1)
+            return torch.unique(tile_of[lo:hi + 1])
+        own = r[~is_special[r]]  # the diagonal, where it is not a special column
+        return torch.cat([specials, torch.unique(tile_of[own])])
+
+    return q_tiles, k_tiles, candidates
 
 
 def _pack_tiles(tiles: list[torch.Tensor], block: int) -> torch.Tensor:
@@ -71,28 +121,28 @@ def _bits(block: torch.Tensor) -> torch.Tensor:
     return (block.to(torch.int64) * weights).sum(-1)  # distinct bits: no carries
 
 
-def _visits(q_rows: torch.Tensor, k_rows: torch.Tensor, allowed):
-    """For every query tile: the key tiles holding an allowed pair, each with a mask (a
-    (BLOCK_Q,) int64 word tensor) or None when every valid pair is allowed."""
-    key_index = k_rows.to(torch.long).clamp(min=0).flatten()
-    key_valid = (k_rows >= 0).flatten()
+def _visits(q_rows: torch.Tensor, k_rows: torch.Tensor, allowed, candidates):
+    """For every query tile: the key tiles holding an allowed pair, in ascending order, each
+    with a mask (a (BLOCK_Q,) int64 word tensor) or None when every valid pair is allowed.
+    Only the candidate key tiles are examined, so building costs about the visited pairs."""
     per_tile = []
-    tiles_per_chunk = max(_ROWS_PER_CHUNK // BLOCK_Q, 1)
-    for t0 in range(0, q_rows.shape[0], tiles_per_chunk):
-        chunk = q_rows[t0:t0 + tiles_per_chunk]  # (tiles, BLOCK_Q)
-        q_valid = chunk >= 0
-        a = allowed(chunk.to(torch.long).clamp(min=0).flatten())  # (tiles*BLOCK_Q, Nk)
-        blocks = a[:, key_index] & key_valid[None, :]
-        blocks = blocks.view(chunk.shape[0], BLOCK_Q, k_rows.shape[0], BLOCK_K)
-        blocks &= q_valid[:, :, None, None]
-        any_pair = blocks.any(dim=3).any(dim=1)  # (tiles, k tiles)
-        valid = q_valid[:, :, None, None] & (k_rows >= 0)[None, None, :, :]
-        full = (blocks == valid).all(dim=3).all(dim=1)
-        for i in range(chunk.shape[0]):
-            visits = []
-            for kt in torch.nonzero(any_pair[i]).flatten().tolist():
-                visits.append((kt, None if bool(full[i, kt]) else _bits(blocks[i, :, kt, :])))
-            per_tile.append(visits)
+    for i in range(q_rows.shape[0]):
+        q_valid = q_rows[i] >= 0
+        rows = q_rows[i][q_valid].long()
+        cand = torch.sort(candidates(rows)).values
+        tile_rows = k_rows[cand]  # (c, BLOCK_K)
+        k_valid = tile_rows >= 0
+        keys = tile_rows.long().clamp(min=0).flatten()
+        block = torch.zeros(BLOCK_Q, cand.numel() * BLOCK_K, dtype=torch.bool)
+        block[: rows.numel()] = allowed(rows, keys)
+        block = block.view(BLOCK_Q, cand.numel(), BLOCK_K) & k_valid[None, :, :]
+        valid = q_valid[:, None, None] & k_valid[None, :, :]
+        any_pair = block.any(dim=2).any(dim=0)
+        full = (block == valid).all(dim=2).all(dim=0)
+        visits = []
+        for j in torch.nonzero(any_pair).flatten().tolist():
+            visits.append((int(cand[j]), None if bool(full[j]) else _bits(block[:, j, :])))
+        per_tile.append(visits)
     return per_tile
 
 
@@ -113,12 +163,13 @@ def build(pattern, q_hw: tuple[int, int], kv_hw: tuple[int, int], heads: int):
         if kind is None:
             q_tiles = _pixel_blocks(q_hw, BLOCK_Q)
             k_tiles = _pixel_blocks(kv_hw, BLOCK_K)
+            candidates = _window_candidates(pattern, q_hw, kv_hw)
             allowed = functools.partial(pattern.allowed_rows, q_hw, kv_hw)
         else:
-            q_tiles, k_tiles = _ylg_plan(pattern, kind, q_hw, kv_hw)
+            q_tiles, k_tiles, candidates = _ylg_plan(pattern, kind, q_hw, kv_hw)
             allowed = functools.partial(pattern.allowed_rows, kind, q_hw, kv_hw)
         q_rows, k_rows = _pack_tiles(q_tiles, BLOCK_Q), _pack_tiles(k_tiles, BLOCK_K)
-        for visits in _visits(q_rows, k_rows, allowed):
+        for visits in _visits(q_rows, k_rows, allowed, candidates):
             entry = []
             for kt, words in visits:
                 m = -1

@@ -7,6 +7,7 @@ query pixels share a centre."""
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional, Sequence
 
@@ -128,13 +129,15 @@ class Window:
         t = torch.minimum(torch.clamp(t, min=0), count - self.size)
         return group + d * t
 
-    def allowed_rows(self, q_hw, kv_hw, query_rows: torch.Tensor) -> torch.Tensor:
-        """(len(query_rows), Hk*Wk) bool: the keys each listed query (raster index) may see."""
+    def allowed_rows(self, q_hw, kv_hw, query_rows: torch.Tensor,
+                     key_rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """(len(query_rows), len(key_rows)) bool: may each listed query (raster index) see each
+        listed key (raster index, default: every key)."""
         (hk, wk) = kv_hw
         ci_all, cj_all = key_centres(q_hw, kv_hw)
         ci, cj = ci_all[query_rows], cj_all[query_rows]
-        kr = torch.arange(hk).repeat_interleave(wk)  # key rows, (Nk,)
-        kc = torch.arange(wk).repeat(hk)
+        keys = torch.arange(hk * wk) if key_rows is None else key_rows
+        kr, kc = keys // wk, keys % wk
         d, k = self.dilation, self.size
         if self.border == "shift":
             r0 = self._shifted_starts(ci, hk)[:, None]
@@ -158,9 +161,11 @@ class Window:
         return rows.unsqueeze(0).expand(heads, -1, -1).clone()
 
 
+@functools.lru_cache(maxsize=16)
 def manhattan_order(hw: tuple[int, int]) -> torch.Tensor:
     """YLG's Enumerate step: raster indices of the grid's cells ordered by Manhattan distance
-    i + j from (0, 0), ties by smaller i. Returns rank[raster index] -> position."""
+    i + j from (0, 0), ties by smaller i. Returns rank[raster index] -> position (cached: do not
+    modify it)."""
     h, w = hw
     cells = sorted(((i + j, i, i * w + j) for i in range(h) for j in range(w)))
     rank = torch.empty(h * w, dtype=torch.long)
@@ -244,8 +249,10 @@ class YLG:
                 f"{heads}"
             )
 
+    @functools.lru_cache(maxsize=16)
     def query_positions(self, q_hw, kv_hw) -> torch.Tensor:
-        """The pattern row (an enumeration position) each query pixel uses, (Hq*Wq,)."""
+        """The pattern row (an enumeration position) each query pixel uses, (Hq*Wq,) (cached:
+        do not modify it)."""
         (hq, wq), (hk, wk) = q_hw, kv_hw
         rank = manhattan_order((hk, wk))  # key raster -> enumeration position
         if self.mapping == "official":
@@ -253,11 +260,14 @@ class YLG:
         ci, cj = key_centres((hq, wq), (hk, wk))
         return rank[ci * wk + cj]
 
-    def allowed_rows(self, kind: str, q_hw, kv_hw, query_rows: torch.Tensor) -> torch.Tensor:
-        """(len(query_rows), Hk*Wk) bool for one head pattern `kind`."""
+    def allowed_rows(self, kind: str, q_hw, kv_hw, query_rows: torch.Tensor,
+                     key_rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """(len(query_rows), len(key_rows)) bool for one head pattern `kind` (default keys:
+        all)."""
         n = kv_hw[0] * kv_hw[1]
         rows = self.query_positions(q_hw, kv_hw)[query_rows]
-        return ylg_allowed(kind, n, rows, manhattan_order(kv_hw))
+        rank = manhattan_order(kv_hw)
+        return ylg_allowed(kind, n, rows, rank if key_rows is None else rank[key_rows])
 
     def dense_mask(self, q_hw, kv_hw, heads: Optional[int] = None) -> torch.Tensor:
         heads = self.heads if heads is None else heads

@@ -187,5 +187,3 @@ def test_attention2d_errors():
         attn2d.attention2d(q, k, v, pattern=YLG(8))
     with pytest.raises(TypeError, match="pattern"):
         attn2d.attention2d(q, k, v, pattern="window")
-    with pytest.raises(NotImplementedError, match="dense_mask"):
-        attn2d.attention2d(q, k, v, pattern=Window(3))
