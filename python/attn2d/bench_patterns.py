@@ -9,6 +9,7 @@ patterns, N x M for global attention; 'visited' counts the pairs attn2d's tiles 
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import time
@@ -20,6 +21,7 @@ import torch
 from . import _layout
 from .bench import time_training_step
 from .memory import format_bytes, measure
+from . import patterns as P
 from .patterns import YLG, Window
 
 DENSE_LIMIT = 1 << 28  # heads * N * M elements: beyond, the masked math path would need > 3 GiB
@@ -64,17 +66,55 @@ def _median(fn: Callable[[], object], reps: int) -> float:
     return statistics.median(times)
 
 
-def _flex_forward(case: PatternCase, q, k, v, mask: torch.Tensor) -> Optional[Callable]:
-    """FlexAttention with the pattern as a mask_mod over the dense mask (compiled, CPU)."""
+def _mask_mod(case: PatternCase):
+    """The pattern as FlexAttention's mask_mod, computed from indices (no dense mask)."""
+    (hq, wq), (hk, wk) = case.q_hw, case.kv_hw
+    p = case.pattern
+    if isinstance(p, Window):
+        d, k = p.dilation, p.size
+        lo, r = -(k // 2), k // 2
+
+        def window_mod(b, h, q_idx, kv_idx):
+            ci, cj = (q_idx // wq) * hk // hq, (q_idx % wq) * wk // wq
+            dr, dc = kv_idx // wk - ci, kv_idx % wk - cj
+            di, dj = dr // d, dc // d  # floor division, as in Window.allowed_rows
+            ok = (dr % d == 0) & (dc % d == 0) & (di >= lo) & (di < lo + k) & (dj >= lo) & (dj < lo + k)
+            if p.metric == "manhattan":
+                ok = ok & (di.abs() + dj.abs() <= r)
+            elif p.metric == "euclidean":
+                ok = ok & (di * di + dj * dj <= r * r)
+            return ok
+
+        if p.border != "clip":
+            return None  # not expressed here
+        return window_mod
+    n = hk * wk
+    l = max(math.isqrt(n), 1)
+    rank = P.manhattan_order(case.kv_hw)
+    qpos = p.query_positions(case.q_hw, case.kv_hw)
+    kinds = torch.tensor([P.YLG_PATTERNS.index(kind) for kind in p.patterns])
+
+    def ylg_mod(b, h, q_idx, kv_idx):
+        r, c, kind = qpos[q_idx], rank[kv_idx], kinds[h]
+        rtl_floor = (c >= r) & (r >= c - c % l)
+        rtl_rep = ((c % l == 0) & (c + l - 1 < n)) | (c == r)
+        ltr_floor = (c <= r) & (c >= r - r % l)
+        ltr_rep = (c % l == l - 1) | (c == r)
+        return (((kind == 0) & rtl_floor) | ((kind == 1) & rtl_rep) | ((kind == 2) & ltr_floor)
+                | ((kind == 3) & ltr_rep))
+
+    return ylg_mod
+
+
+def _flex_forward(case: PatternCase, q, k, v) -> Optional[Callable]:
+    """FlexAttention's compiled CPU forward with the pattern as its block mask."""
     try:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     except ImportError:
         return None
-    dense = mask  # (heads, N, M) bool
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        return dense[h, q_idx, kv_idx]
-
+    mask_mod = _mask_mod(case)
+    if mask_mod is None:
+        return None
     block_mask = create_block_mask(mask_mod, None, case.heads, q.shape[2], k.shape[2],
                                    device="cpu")
     compiled = torch.compile(flex_attention)
@@ -104,17 +144,19 @@ def run_case(case: PatternCase, reps: int, with_memory: bool, with_flex: bool,
     visited = B * _layout.visited_pairs(layout)
     allowed = 0
     dense_fits = H * n * m <= DENSE_LIMIT
-    mask = case.pattern.dense_mask(case.q_hw, case.kv_hw, H) if dense_fits or with_flex else None
+    mask = case.pattern.dense_mask(case.q_hw, case.kv_hw, H) if dense_fits else None
     if mask is not None:
         allowed = int(mask.sum()) * B
-    else:  # count without the dense mask: row by row through the pattern
+    else:  # count without the dense mask: chunks of rows through the pattern
         for h in range(H):
-            rows = torch.arange(n)
-            if isinstance(case.pattern, YLG):
-                allowed += int(case.pattern.allowed_rows(case.pattern.patterns[h], case.q_hw,
-                                                         case.kv_hw, rows).sum())
-            else:
-                allowed += int(case.pattern.allowed_rows(case.q_hw, case.kv_hw, rows).sum())
+            for r0 in range(0, n, 2048):
+                rows = torch.arange(r0, min(r0 + 2048, n))
+                if isinstance(case.pattern, YLG):
+                    a = case.pattern.allowed_rows(case.pattern.patterns[h], case.q_hw,
+                                                  case.kv_hw, rows)
+                else:
+                    a = case.pattern.allowed_rows(case.q_hw, case.kv_hw, rows)
+                allowed += int(a.sum())
     results = {}
     log(f"    attn2d {case.pattern!r} (layout built in {build_s:.1f} s) ...")
     results["attn2d-pattern"] = time_training_step(
@@ -138,11 +180,12 @@ def run_case(case: PatternCase, reps: int, with_memory: bool, with_flex: bool,
         results["dense-masked-math"] = time_training_step(masked, [q4, k4, v4], reps)
     else:
         results["dense-masked-math"] = {"skipped": f"{H * n * m / 2**30:.0f} G scores do not fit"}
-    if with_flex and mask is not None:
+    if with_flex:
         log("    FlexAttention forward (compiling) ...")
-        flex = _flex_forward(case, q4, k4, v4, mask)
+        flex = _flex_forward(case, q4, k4, v4)
         if flex is None:
-            results["flex-forward"] = {"skipped": "FlexAttention unavailable"}
+            results["flex-forward"] = {"skipped": "FlexAttention or this pattern's mask_mod "
+                                                  "unavailable"}
         else:
             results["flex-forward"] = {"forward_s": _median(flex, reps)}
     ours, glob = results["attn2d-pattern"], results["attn2d-global"]

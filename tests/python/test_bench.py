@@ -59,3 +59,20 @@ def test_pattern_bench_side_by_side(tmp_path):
     assert s["allowed_pairs"] <= s["visited_pairs"] <= s["global_pairs"]
     assert s["per_pair_ratio_fwd"] > 0 and s["flex_over_attn2d_fwd"] > 0
     assert "| window 3, 12x12 | attn2d-pattern |" in (tmp_path / "bench_patterns.md").read_text()
+
+
+@pytest.mark.parametrize("pattern,q_hw,kv_hw,heads", [
+    ("manhattan", (24, 20), (12, 10), 2), ("euclidean", (9, 9), (9, 9), 1),
+    ("ylg", (12, 12), (6, 6), 8), ("ylg-geometric", (10, 6), (5, 3), 8)])
+def test_flex_mask_mods_are_the_patterns(pattern, q_hw, kv_hw, heads):
+    from torch.nn.attention.flex_attention import create_mask
+
+    from attn2d import bench_patterns
+    from attn2d.patterns import YLG, Window
+
+    p = {"manhattan": Window(5, "manhattan", 2), "euclidean": Window(5, "euclidean"),
+         "ylg": YLG(8), "ylg-geometric": YLG(8, mapping="geometric")}[pattern]
+    case = bench_patterns.PatternCase("x", heads, q_hw, kv_hw, 8, 8, p)
+    got = create_mask(bench_patterns._mask_mod(case), 1, heads, q_hw[0] * q_hw[1],
+                      kv_hw[0] * kv_hw[1], device="cpu")[0]
+    assert torch.equal(got, p.dense_mask(q_hw, kv_hw, heads))
