@@ -267,8 +267,7 @@ def estimate(block: Block, setting: Setting, implementation: str) -> Estimate:
     flops = flops_fwd * (3.5 if setting.training else 1.0)
     available, note = True, ""
     if implementation == "attn2d-local":
-        available = False
-        note = f"{pattern.label()}: pattern kernels are not built yet"
+        note = f"{pattern.label()}: {keys:.0f} keys per query"
     elif implementation == "attn2d-downsampled":
         note = f"attention on {h}x{w} (downsample {s})"
     elif implementation == "pytorch-unfused" and pattern.kind != "global":
