@@ -3,7 +3,6 @@ layouts and masks. float32 error must be <= 2x the error of naive float32 attent
 
 from __future__ import annotations
 
-import itertools
 
 import pytest
 import torch
