@@ -46,8 +46,9 @@ def default_cases() -> list[PatternCase]:
         cases.append(PatternCase(f"window 15 (manhattan), {side}x{side}", 4, (side, side),
                                  (side, side), 16, 16, Window(15, "manhattan")))
         half = side // 2
+        # E = Ev: the CPU Flex kernel of torch 2.13 fails to compile for E=8, Ev=16.
         cases.append(PatternCase(f"YLG 8 heads, {side}x{side} over {half}x{half} keys", 8,
-                                 (side, side), (half, half), 8, 16, YLG(8)))
+                                 (side, side), (half, half), 16, 16, YLG(8)))
     return cases
 
 
@@ -182,12 +183,16 @@ def run_case(case: PatternCase, reps: int, with_memory: bool, with_flex: bool,
         results["dense-masked-math"] = {"skipped": f"{H * n * m / 2**30:.0f} G scores do not fit"}
     if with_flex:
         log("    FlexAttention forward (compiling) ...")
-        flex = _flex_forward(case, q4, k4, v4)
-        if flex is None:
-            results["flex-forward"] = {"skipped": "FlexAttention or this pattern's mask_mod "
-                                                  "unavailable"}
-        else:
-            results["flex-forward"] = {"forward_s": _median(flex, reps)}
+        try:
+            flex = _flex_forward(case, q4, k4, v4)
+            if flex is None:
+                results["flex-forward"] = {"skipped": "FlexAttention or this pattern's "
+                                                      "mask_mod unavailable"}
+            else:
+                results["flex-forward"] = {"forward_s": _median(flex, reps)}
+        except Exception as err:  # noqa: BLE001 -- torch.compile fails in many ways; report it
+            lines = [x for x in str(err).splitlines() if "error" in x.lower()] or [str(err)]
+            results["flex-forward"] = {"skipped": "Flex failed: " + lines[0].strip()[:160]}
     ours, glob = results["attn2d-pattern"], results["attn2d-global"]
     summary = {
         "allowed_pairs": allowed,
@@ -262,6 +267,8 @@ def run(out_dir: str = "attn2d-report", *, cases: Optional[list[PatternCase]] = 
     for i, case in enumerate(cases, 1):
         log(f"[{i}/{len(cases)}] {case.name}")
         report["cases"].append(run_case(case, reps, with_memory, with_flex, log, global_runs))
+        log("\n".join(x for x in _markdown({**report, "cases": [report["cases"][-1]]}).splitlines()
+                      if x.startswith(f"| {case.name} |")))
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "bench_patterns.json"), "w") as f:
         json.dump(report, f, indent=2, default=str)
