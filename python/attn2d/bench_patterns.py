@@ -180,7 +180,8 @@ def run_case(case: PatternCase, reps: int, with_memory: bool, with_flex: bool,
 
         results["dense-masked-math"] = time_training_step(masked, [q4, k4, v4], reps)
     else:
-        results["dense-masked-math"] = {"skipped": f"{H * n * m / 2**30:.0f} G scores do not fit"}
+        results["dense-masked-math"] = {
+            "skipped": f"{H * n * m / 2**30:.1f} G scores over the {DENSE_LIMIT / 2**30:.2f} G limit"}
     if with_flex:
         log("    FlexAttention forward (compiling) ...")
         try:
