@@ -216,3 +216,22 @@ def visited_pairs(layout) -> int:
     per_tile = torch.zeros(q_rows.shape[0], dtype=torch.int64).index_add_(0, tiles, per_visit)
     per_layout = [int(per_tile[q_begin[i]:q_begin[i + 1]].sum()) for i in range(q_begin.numel() - 1)]
     return sum(per_layout[int(i)] for i in head_layout)
+
+
+def allowed_pairs(layout) -> int:
+    """(query, key) pairs the pattern allows for one image, summed over the heads: full visits
+    count every valid pair, masked ones their set bits."""
+    head_layout, q_begin, q_rows, k_rows = layout[0], layout[1], layout[3], layout[4]
+    fwd_begin, fwd_k, fwd_mask, masks = layout[5], layout[6], layout[7], layout[11]
+    q_count = (q_rows >= 0).sum(1)
+    k_count = (k_rows >= 0).sum(1)
+    tiles = torch.repeat_interleave(torch.arange(q_rows.shape[0]), fwd_begin.diff())
+    bits = torch.zeros(masks.shape[0], dtype=torch.int64)
+    if masks.numel():
+        shifts = torch.arange(64, dtype=torch.int64)
+        bits = ((masks[:, :, None] >> shifts) & 1).sum((1, 2))
+    per_visit = torch.where(fwd_mask < 0, q_count[tiles] * k_count[fwd_k.long()],
+                            bits[fwd_mask.clamp(min=0)])
+    per_tile = torch.zeros(q_rows.shape[0], dtype=torch.int64).index_add_(0, tiles, per_visit)
+    per_layout = [int(per_tile[q_begin[i]:q_begin[i + 1]].sum()) for i in range(q_begin.numel() - 1)]
+    return sum(per_layout[int(i)] for i in head_layout)
