@@ -308,30 +308,6 @@ void QueryTileTask(void* ctx, std::int64_t task, int thread) {
   });
 }
 
-// Counts the leading non-negative entries of a padded row list.
-HWY_INLINE size_t ValidRows(const std::int32_t* rows, std::int64_t block) {
-  size_t n = 0;
-  while (n < static_cast<size_t>(block) && rows[n] >= 0) ++n;
-  return n;
-}
-
-// The tile of `which` (query or key) number `local` of head h's layout; false past its end.
-HWY_INLINE bool LayoutTile(const SparseLayout& lay, std::int64_t h, std::int64_t local,
-                           bool query, std::int64_t* global, Rows* rows) {
-  const std::int64_t layout = lay.head_layout[h];
-  const std::int64_t* begin = query ? lay.q_tile_begin : lay.k_tile_begin;
-  *global = begin[layout] + local;
-  if (*global >= begin[layout + 1]) return false;
-  const std::int64_t block = query ? lay.block_q : lay.block_k;
-  const std::int32_t* idx = (query ? lay.q_rows : lay.k_rows) + *global * block;
-  *rows = Rows{idx, 0, ValidRows(idx, block)};
-  return true;
-}
-
-HWY_INLINE const std::uint64_t* MaskWords(const SparseLayout& lay, std::int64_t m) {
-  return m < 0 ? nullptr : lay.masks + m * lay.block_q;
-}
-
 // Sparse pass 1: dK and dV of one key tile of the head's layout, over the query tiles that
 // visit it.
 template <typename T>
@@ -353,8 +329,7 @@ void SparseKeyTileTask(void* ctx, std::int64_t task, int thread) {
   std::fill(a.dk, a.dk + cols * plan.dim_qk_pad, T(0));
   std::fill(a.dv, a.dv + cols * plan.dim_v_pad, T(0));
   for (std::int64_t visit = lay.bwd_begin[g]; visit < lay.bwd_begin[g + 1]; ++visit) {
-    const std::int32_t* idx = lay.q_rows + static_cast<std::int64_t>(lay.bwd_q_tile[visit]) * lay.block_q;
-    const Rows rows{idx, 0, ValidRows(idx, lay.block_q)};
+    const Rows rows = LayoutTileRows(lay, lay.bwd_q_tile[visit], /*query=*/true);
     const std::uint64_t* words = MaskWords(lay, lay.bwd_mask[visit]);
     PackQueryTile(bp, plan, b, h, rows, a);
     ProbabilitiesAndScoreGrad(plan, rows.count, cols_pad, a, [&](T* S, size_t pad) {
@@ -380,8 +355,7 @@ void SparseQueryTileTask(void* ctx, std::int64_t task, int thread) {
   const auto a = plan.carve(plan.workspace + static_cast<size_t>(thread) * plan.scratch_elems);
   QueryTileGrad(plan, b, h, rows, a, [&](const auto& visit) {
     for (std::int64_t v = lay.fwd_begin[g]; v < lay.fwd_begin[g + 1]; ++v) {
-      const std::int32_t* idx = lay.k_rows + static_cast<std::int64_t>(lay.fwd_k_tile[v]) * lay.block_k;
-      const Rows keys{idx, 0, ValidRows(idx, lay.block_k)};
+      const Rows keys = LayoutTileRows(lay, lay.fwd_k_tile[v], /*query=*/false);
       const std::uint64_t* words = MaskWords(lay, lay.fwd_mask[v]);
       visit(keys, [&](T* S, size_t pad) {
         MaskTileBits(S, bk, rows.count, keys.count, pad, words);
@@ -421,11 +395,8 @@ Status Backward(const AttentionBackwardParams& bp, const Host& host) {
   if (p.layout != nullptr) {
     const SparseLayout& lay = *p.layout;
     plan.tiles = TileSizes{lay.block_q, lay.block_k};
-    plan.q_tiles = plan.k_tiles = 0;  // tasks per (batch, head): the largest layout's tiles
-    for (std::int64_t i = 0; i < lay.num_layouts; ++i) {
-      plan.q_tiles = std::max(plan.q_tiles, lay.q_tile_begin[i + 1] - lay.q_tile_begin[i]);
-      plan.k_tiles = std::max(plan.k_tiles, lay.k_tile_begin[i + 1] - lay.k_tile_begin[i]);
-    }
+    plan.q_tiles = MostLayoutTiles(lay, /*query=*/true);
+    plan.k_tiles = MostLayoutTiles(lay, /*query=*/false);
   } else {
     plan.tiles =
         choose_tiles(p.len_q, p.len_k, p.dim_qk, p.dim_v, sizeof(T), std::max<size_t>(L, 16));

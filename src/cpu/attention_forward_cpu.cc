@@ -140,13 +140,6 @@ void ForwardTask(void* ctx, std::int64_t task, int thread) {
   FinishQueryTile(p, plan, b, h, rows, a);
 }
 
-// Counts the leading non-negative entries of a padded row list.
-HWY_INLINE size_t ValidRows(const std::int32_t* rows, std::int64_t block) {
-  size_t n = 0;
-  while (n < static_cast<size_t>(block) && rows[n] >= 0) ++n;
-  return n;
-}
-
 // Sparse: one (batch, head, query tile of the head's layout); walks the tile's visit list.
 template <typename T>
 void SparseForwardTask(void* ctx, std::int64_t task, int thread) {
@@ -156,18 +149,14 @@ void SparseForwardTask(void* ctx, std::int64_t task, int thread) {
   const size_t bk = static_cast<size_t>(plan.tiles.block_k);
   const std::int64_t bh = task / plan.q_tiles;
   const std::int64_t b = bh / p.heads, h = bh % p.heads;
-  const std::int64_t layout = lay.head_layout[h];
-  const std::int64_t g = lay.q_tile_begin[layout] + task % plan.q_tiles;
-  if (g >= lay.q_tile_begin[layout + 1]) return;  // this layout has fewer query tiles
-  const std::int32_t* q_rows = lay.q_rows + g * lay.block_q;
-  const Rows rows{q_rows, 0, ValidRows(q_rows, lay.block_q)};
+  std::int64_t g;
+  Rows rows;
+  if (!LayoutTile(lay, h, task % plan.q_tiles, /*query=*/true, &g, &rows)) return;
   const auto a = plan.carve(plan.workspace + static_cast<size_t>(thread) * plan.scratch_elems);
   StartQueryTile(p, plan, b, h, rows, a);
   for (std::int64_t visit = lay.fwd_begin[g]; visit < lay.fwd_begin[g + 1]; ++visit) {
-    const std::int32_t* k_rows = lay.k_rows + static_cast<std::int64_t>(lay.fwd_k_tile[visit]) * lay.block_k;
-    const Rows keys{k_rows, 0, ValidRows(k_rows, lay.block_k)};
-    const std::int64_t m = lay.fwd_mask[visit];
-    const std::uint64_t* words = m < 0 ? nullptr : lay.masks + m * lay.block_q;
+    const Rows keys = LayoutTileRows(lay, lay.fwd_k_tile[visit], /*query=*/false);
+    const std::uint64_t* words = MaskWords(lay, lay.fwd_mask[visit]);
     VisitKeyTile(p, plan, b, h, rows.count, keys, a, [&](T* S, size_t cols_pad) {
       MaskTileBits(S, bk, rows.count, keys.count, cols_pad, words);
     });
@@ -183,11 +172,7 @@ Status Forward(const AttentionParams& p, const Host& host) {
   plan.p = &p;
   if (p.layout != nullptr) {
     plan.tiles = TileSizes{p.layout->block_q, p.layout->block_k};
-    std::int64_t most = 0;  // tasks per (batch, head): the largest layout's query tiles
-    for (std::int64_t i = 0; i < p.layout->num_layouts; ++i) {
-      most = std::max(most, p.layout->q_tile_begin[i + 1] - p.layout->q_tile_begin[i]);
-    }
-    plan.q_tiles = most;
+    plan.q_tiles = MostLayoutTiles(*p.layout, /*query=*/true);
   } else {
     plan.tiles = choose_tiles(p.len_q, p.len_k, p.dim_qk, p.dim_v, sizeof(T),
                               std::max<size_t>(L, 16));

@@ -9,6 +9,7 @@
 #define ATTN2D_SRC_CPU_TILE_OPS_INL_H_
 #endif
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdlib>
@@ -16,6 +17,7 @@
 #include <cstdlib>
 #include <limits>
 
+#include "attn2d/sparse_layout.h"
 #include "core/strided.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
@@ -312,6 +314,41 @@ HWY_INLINE void StoreTile(const T* HWY_RESTRICT src, size_t ld, const Rows& rows
     T* o = base + rows[r] * rs;
     for (size_t c = 0; c < cols; ++c) o[static_cast<std::int64_t>(c) * cs] = alpha * src[r * ld + c];
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sparse layouts (attn2d/sparse_layout.h): a tile's rows, a head's tiles, a visit's mask.
+
+// The rows of global query (or key) tile `global`: its leading non-negative entries.
+HWY_INLINE Rows LayoutTileRows(const SparseLayout& lay, std::int64_t global, bool query) {
+  const std::int64_t block = query ? lay.block_q : lay.block_k;
+  const std::int32_t* idx = (query ? lay.q_rows : lay.k_rows) + global * block;
+  size_t n = 0;
+  while (n < static_cast<size_t>(block) && idx[n] >= 0) ++n;
+  return Rows{idx, 0, n};
+}
+
+// Head h's query (or key) tile number `local`: false past the end of its layout's tiles.
+HWY_INLINE bool LayoutTile(const SparseLayout& lay, std::int64_t h, std::int64_t local,
+                           bool query, std::int64_t* global, Rows* rows) {
+  const std::int64_t layout = lay.head_layout[h];
+  const std::int64_t* begin = query ? lay.q_tile_begin : lay.k_tile_begin;
+  *global = begin[layout] + local;
+  if (*global >= begin[layout + 1]) return false;
+  *rows = LayoutTileRows(lay, *global, query);
+  return true;
+}
+
+// Tasks per (batch, head): the most query (or key) tiles any layout has.
+HWY_INLINE std::int64_t MostLayoutTiles(const SparseLayout& lay, bool query) {
+  const std::int64_t* begin = query ? lay.q_tile_begin : lay.k_tile_begin;
+  std::int64_t most = 0;
+  for (std::int64_t i = 0; i < lay.num_layouts; ++i) most = std::max(most, begin[i + 1] - begin[i]);
+  return most;
+}
+
+HWY_INLINE const std::uint64_t* MaskWords(const SparseLayout& lay, std::int64_t m) {
+  return m < 0 ? nullptr : lay.masks + m * lay.block_q;
 }
 
 // One key tile's step of the online softmax for every row of the score tile s (rows x
