@@ -24,7 +24,10 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--no-memory", action="store_true", help="skip the subprocess memory runs")
     bench.add_argument("--patterns", action="store_true",
                        help="local/sparse patterns against global, dense-masked and Flex")
+    _add_train_gan_parser(sub)
     args = parser.parse_args(argv)
+    if args.command == "train-gan":
+        return _train_gan(parser, args)
     if args.command == "plan":
         return _plan(parser, args)
     if args.command == "bench":
@@ -47,6 +50,114 @@ def main(argv: list[str] | None = None) -> int:
             print(line, flush=True)
 
         demo_module.run(out_dir=args.out, log=log)
+    return 0
+
+
+def _add_train_gan_parser(sub) -> None:
+    from .gan.train import TrainConfig, VARIANTS
+
+    d = TrainConfig()
+    p = sub.add_parser(
+        "train-gan",
+        help="train a SAGAN-style GAN with global vs YLG (or other) attention on real images; "
+        "report time, memory, SWD, FID/KID",
+        description="Seed 004's experiment on CPU. Each variant trains in its own process; "
+        "under torchrun (gloo) every rank trains with DistributedDataParallel.")
+    p.add_argument("--variants", default="global,ylg",
+                   help=f"comma-separated, from {', '.join(VARIANTS)} (default: global,ylg)")
+    p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument("--batch", type=int, default=d.batch, help="per process")
+    p.add_argument("--res", type=int, default=d.res, help="image size (32 or 64, ...)")
+    p.add_argument("--width", type=int, default=d.width, help="channels at full resolution")
+    p.add_argument("--attn-res", type=int, default=d.attn_res,
+                   help="map size of the attention block in G and D")
+    p.add_argument("--heads", type=int, default=d.heads)
+    p.add_argument("--pool-kv", type=int, default=d.pool_kv, help="key/value pooling (SAGAN: 2)")
+    p.add_argument("--window-sizes", default=None,
+                   help="comma-separated Manhattan window sizes for window/progressive/plateau/"
+                   "mixed (default: seed 004's 8,16,24 scaled to the key grid)")
+    p.add_argument("--lr-g", type=float, default=d.lr_g)
+    p.add_argument("--lr-d", type=float, default=d.lr_d)
+    p.add_argument("--bf16", action="store_true", help="bfloat16 autocast")
+    p.add_argument("--grad-checkpoint", action="store_true",
+                   help="recompute the attention blocks in backward")
+    p.add_argument("--data", default=None,
+                   help="'fashion-mnist' (default) or a folder of images")
+    p.add_argument("--data-limit", type=int, default=None, help="use the first N images")
+    p.add_argument("--out", default=d.out)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--sample-every", type=int, default=d.sample_every)
+    p.add_argument("--ckpt-every", type=int, default=d.ckpt_every)
+    p.add_argument("--eval-every", type=int, default=d.eval_every,
+                   help="evaluate FID/SWD every N steps (the plateau schedule needs it; "
+                   "0: at the end only)")
+    p.add_argument("--eval-samples", type=int, default=d.eval_samples)
+    p.add_argument("--swd-samples", type=int, default=d.swd_samples)
+    p.add_argument("--log-every", type=int, default=d.log_every)
+    p.add_argument("--resume", action="store_true",
+                   help="continue each variant from OUT/<variant>/checkpoint.pt")
+    p.add_argument("--threads", type=int, default=None, help="torch threads per process")
+    p.add_argument("--in-process", action="store_true",
+                   help="train the variants in this process (no subprocess per variant)")
+    p.add_argument("--no-report", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--no-reference", action="store_true",
+                   help="skip the real-vs-real reference row of the report")
+
+
+def _train_gan(parser, args) -> int:
+    import dataclasses
+    import os
+
+    from .gan import train
+
+    def fail(msg: str) -> int:
+        print(f"attn2d train-gan: error: {msg}", file=sys.stderr)
+        return 2
+
+    try:
+        sizes = None
+        if args.window_sizes:
+            sizes = tuple(int(s) for s in args.window_sizes.split(","))
+    except ValueError:
+        return fail(f"--window-sizes must be comma-separated ints; got {args.window_sizes!r}")
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if not variants:
+        return fail("--variants is empty")
+    if args.threads is not None:
+        if args.threads < 1:
+            return fail(f"--threads must be >= 1; got {args.threads}")
+        import torch
+
+        torch.set_num_threads(args.threads)
+    cfg = train.TrainConfig(
+        steps=args.steps, batch=args.batch, res=args.res, width=args.width,
+        attn_res=args.attn_res, heads=args.heads, pool_kv=args.pool_kv, window_sizes=sizes,
+        lr_g=args.lr_g, lr_d=args.lr_d, bf16=args.bf16, grad_checkpoint=args.grad_checkpoint,
+        data=args.data, data_limit=args.data_limit, out=args.out, seed=args.seed,
+        sample_every=args.sample_every, ckpt_every=args.ckpt_every,
+        eval_every=args.eval_every, eval_samples=args.eval_samples,
+        swd_samples=args.swd_samples, log_every=args.log_every, resume=args.resume)
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if distributed:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+    try:
+        for v in variants:
+            dataclasses.replace(cfg, variant=v).check()
+        if args.no_report:
+            for v in variants:
+                train.train_variant(dataclasses.replace(cfg, variant=v))
+        else:
+            train.run(cfg, variants, subprocesses=not args.in_process,
+                      reference=not args.no_reference)
+    except (ValueError, FileNotFoundError) as err:
+        return fail(str(err))
+    finally:
+        if distributed:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
     return 0
 
 

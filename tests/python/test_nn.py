@@ -9,6 +9,7 @@ import copy
 import pytest
 import torch
 
+import attn2d
 import attn2d.nn as ann
 from attn2d.patterns import YLG, Window
 from module_references import (
@@ -229,11 +230,31 @@ def test_torch_compile(index):
 
 
 @pytest.mark.parametrize("index", range(4))
-def test_autocast_bf16_raises_a_clear_error_until_bf16_kernels_exist(index):
+def test_autocast_bf16_runs_attention_in_float32(index):
+    torch.manual_seed(0)
     module, inputs = _all_modules()[index]
+    _randomize(module)
+    want = module(*inputs)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        with pytest.raises(TypeError, match="autocast"):
-            module(*inputs)
+        got = module(*inputs)
+    got.float().sum().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all()
+               for p in module.parameters() if p.requires_grad)
+    # The projections run in bf16 (8 mantissa bits: relative error ~2^-8 per rounding); a
+    # silently wrong attention would be off by O(1).
+    err = (got.float() - want).abs().max().item()
+    assert err <= 0.05 * want.abs().max().item() + 1e-3, err
+
+
+def test_functional_under_autocast_matches_float32_of_the_same_inputs():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 17, 8).bfloat16() for _ in range(3))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = attn2d.attention(q, k, v)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, attn2d.attention(q.float(), k.float(), v.float()))
+    with pytest.raises(TypeError, match="float32"):
+        attn2d.attention(q, k, v)
 
 
 BAD_MODULES = [

@@ -1,4 +1,4 @@
-"""Pieces the attn2d.nn modules share: argument checks, autocast guard, map <-> heads views,
+"""Pieces the attn2d.nn modules share: argument checks, map <-> heads views,
 and the downsample-attend-upsample wrapper of seed 000's advice."""
 
 from __future__ import annotations
@@ -85,18 +85,6 @@ def check_tokens_input(module: str, name: str, x: object, channels: int) -> torc
             f"got shape {tuple(x.shape)}"
         )
     return x
-
-
-def check_autocast(module: str, x: torch.Tensor) -> None:
-    """Low-precision autocast needs bf16/fp16 kernels, which are not built yet."""
-    if x.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
-        dtype = torch.get_autocast_dtype("cpu")
-        if dtype in (torch.bfloat16, torch.float16):
-            raise TypeError(
-                f"{module}: torch.autocast(dtype={dtype}) needs attn2d's bfloat16/float16 "
-                "kernels, which are not built yet; run this block outside autocast "
-                "(with torch.autocast('cpu', enabled=False)) in float32"
-            )
 
 
 def tokens_to_heads(t: torch.Tensor, heads: int) -> torch.Tensor:

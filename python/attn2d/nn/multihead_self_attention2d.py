@@ -72,7 +72,6 @@ class MultiheadSelfAttention2d(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         c.check_map_input(_NAME, x, self.channels)
-        c.check_autocast(_NAME, x)
         B, C, H, W = x.shape
         if self.resample is not None:
             self.resample.check(_NAME, x)

@@ -83,6 +83,12 @@ class SelfAttention2d(nn.Module):
         self.gamma = nn.Parameter(torch.zeros(1)) if gamma else None
         self.resample = c.Resample(channels, downsample) if downsample > 1 else None
 
+    def set_pattern(self, pattern) -> None:
+        """Change where the block attends (None, a Window or a YLG with the block's heads), as
+        training schedules do; the weights do not depend on the pattern."""
+        c.check_pattern(_NAME, pattern, self.heads)
+        self.pattern = pattern
+
     def _attend(self, x: torch.Tensor) -> torch.Tensor:
         B, _, H, W = x.shape
         q, k, v = self.query(x), self.key(x), self.value(x)
@@ -97,7 +103,6 @@ class SelfAttention2d(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         c.check_map_input(_NAME, x, self.channels)
-        c.check_autocast(_NAME, x)
         inner = x
         if self.resample is not None:
             self.resample.check(_NAME, x)

@@ -53,7 +53,6 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         c.check_tokens_input(self._name, "x", x, self.dim)
-        c.check_autocast(self._name, x)
         q, k, v = (c.tokens_to_heads(t, self.num_heads) for t in self.qkv(x).chunk(3, dim=-1))
         q, k = self.q_norm(q), self.k_norm(k)
         o = attention(q, k, v, attn_mask=attn_mask, scale=self.scale)
@@ -100,7 +99,6 @@ class CrossAttention(nn.Module):
             raise ValueError(
                 f"{self._name}: context batch {context.shape[0]} != x batch {x.shape[0]}"
             )
-        c.check_autocast(self._name, x)
         q = c.tokens_to_heads(self.q(x), self.num_heads)
         k, v = (c.tokens_to_heads(t, self.num_heads) for t in self.kv(context).chunk(2, dim=-1))
         o = attention(q, k, v, attn_mask=attn_mask)

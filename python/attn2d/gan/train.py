@@ -1,0 +1,494 @@
+"""`attn2d train-gan`: seed 004's experiment, SAGAN (global attention) against YLG-SAGAN (local
+sparse attention) and the other schedules, trained on real images on CPU.
+
+One variant trains in one process (`train_variant`), so its peak memory is its own; the driver
+(`run`) starts one subprocess per variant and writes the comparison report. Under torchrun every
+rank runs the variants in-process with DistributedDataParallel over gloo."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import resource
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .. import patterns
+from . import data, metrics, schedules
+from .models import (AttentionConfig, Discriminator, GANConfig, Generator, attention_blocks,
+                     count_parameters, hinge_d_loss, hinge_g_loss)
+
+VARIANTS = ("global", "ylg", "window", "downsample", "progressive", "plateau", "mixed")
+# Seed 004's window sizes (Manhattan neighbourhoods of 8, 16, 24) were for 64-256 px maps with
+# keys on a 32-128 px grid; they are scaled by (key grid / 32) for smaller maps.
+SEED004_SIZES = (8, 16, 24)
+
+
+@dataclass
+class TrainConfig:
+    variant: str = "global"
+    steps: int = 2000
+    batch: int = 32
+    res: int = 32
+    width: int = 32
+    attn_res: int = 16
+    heads: int = 4
+    pool_kv: int = 2
+    window_sizes: Optional[tuple[int, ...]] = None
+    lr_g: float = 1e-4
+    lr_d: float = 4e-4
+    bf16: bool = False
+    grad_checkpoint: bool = False
+    data: Optional[str] = None
+    data_limit: Optional[int] = None
+    out: str = "gan-report"
+    seed: int = 0
+    sample_every: int = 500
+    ckpt_every: int = 500
+    eval_every: int = 0
+    eval_samples: int = 5000
+    swd_samples: int = 2048
+    log_every: int = 50
+    resume: bool = False
+
+    def check(self) -> None:
+        if self.variant not in VARIANTS:
+            raise ValueError(f"attn2d train-gan: variant must be one of {VARIANTS}; got "
+                             f"{self.variant!r}")
+        for name in ("steps", "batch", "width", "heads", "pool_kv", "sample_every",
+                     "ckpt_every", "eval_samples", "swd_samples", "log_every"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"attn2d train-gan: {name} must be an int >= 1; got {v!r}")
+        if self.eval_every < 0:
+            raise ValueError(f"attn2d train-gan: eval_every must be >= 0; got {self.eval_every}")
+        if self.eval_samples < 2 or self.swd_samples < 2:
+            raise ValueError("attn2d train-gan: eval_samples and swd_samples must be >= 2")
+        for name in ("lr_g", "lr_d"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValueError(f"attn2d train-gan: {name} must be a positive number; got {v!r}")
+        if self.attn_res % self.pool_kv:
+            raise ValueError(f"attn2d train-gan: pool_kv={self.pool_kv} must divide "
+                             f"attn_res={self.attn_res}")
+        gan_config(self, 1, None).check()
+        g = self.key_grid
+        for size in make_schedule(self).window_sizes():
+            patterns.Window(size, metric="manhattan").check((self.attn_res, self.attn_res),
+                                                            (g, g), self.heads)
+
+    @property
+    def key_grid(self) -> int:
+        downsample = 2 if self.variant == "downsample" else 1
+        return max(1, self.attn_res // downsample // self.pool_kv)
+
+    def sizes(self) -> tuple[int, ...]:
+        if self.window_sizes is not None:
+            return tuple(self.window_sizes)
+        g = self.key_grid
+        return tuple(max(2, min(g, round(s * g / 32))) for s in SEED004_SIZES)
+
+
+def make_schedule(cfg: TrainConfig) -> schedules.Schedule:
+    sizes = cfg.sizes()
+    if cfg.variant == "global" or cfg.variant == "downsample":
+        return schedules.Constant(None)
+    if cfg.variant == "ylg":
+        return schedules.Constant(patterns.YLG(cfg.heads))
+    if cfg.variant == "window":
+        return schedules.Constant(patterns.Window(sizes[len(sizes) // 2], metric="manhattan"))
+    if cfg.variant == "progressive":
+        return schedules.ProgressiveWindow(cfg.steps, sizes)
+    if cfg.variant == "plateau":
+        return schedules.PlateauWindow(sizes, patience=2, then_global=True)
+    return schedules.Mixed(cfg.steps, local=schedules.ProgressiveWindow(
+        max(1, cfg.steps // 2), sizes[:2]), local_fraction=0.5)
+
+
+def gan_config(cfg: TrainConfig, channels: int, pattern) -> GANConfig:
+    return GANConfig(res=cfg.res, channels=channels, width=cfg.width, attn_res=cfg.attn_res,
+                     attention=AttentionConfig(pattern=pattern, heads=cfg.heads,
+                                               downsample=2 if cfg.variant == "downsample" else 1,
+                                               pool_kv=cfg.pool_kv,
+                                               checkpoint=cfg.grad_checkpoint))
+
+
+# ---------------------------------------------------------------------------------------------
+# Output helpers
+
+def save_grid(images: torch.Tensor, path: Path, nrow: int = 8) -> None:
+    """Float images in [-1, 1] (N, C, H, W) as one PNG grid with 2-px gaps."""
+    from PIL import Image
+
+    u8 = data.to_uint8(images)
+    n, c, h, w = u8.shape
+    rows = math.ceil(n / nrow)
+    pad = 2
+    grid = torch.full((c, rows * (h + pad) + pad, nrow * (w + pad) + pad), 255, dtype=torch.uint8)
+    for i in range(n):
+        r, col = divmod(i, nrow)
+        y, x = pad + r * (h + pad), pad + col * (w + pad)
+        grid[:, y:y + h, x:x + w] = u8[i]
+    arr = grid[0].numpy() if c == 1 else grid.permute(1, 2, 0).numpy()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(arr).save(path)
+
+
+def peak_rss_bytes() -> int:
+    # ru_maxrss is in KiB on Linux.
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def current_rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class Progress:
+    """A one-line progress bar on a terminal, a line every `every` steps otherwise."""
+
+    def __init__(self, name: str, total: int, every: int, enabled: bool = True) -> None:
+        self.name, self.total, self.every, self.enabled = name, total, every, enabled
+        self.tty = sys.stderr.isatty()
+        self.t0 = time.perf_counter()
+        self.start_step: Optional[int] = None
+
+    def update(self, step: int, d_loss: float, g_loss: float, extra: str = "") -> None:
+        if not self.enabled:
+            return
+        if self.start_step is None:
+            self.start_step = step - 1
+        done = step - self.start_step
+        if not self.tty and step % self.every and step != self.total:
+            return
+        rate = (time.perf_counter() - self.t0) / max(1, done)
+        eta = rate * (self.total - step)
+        width = 24
+        filled = int(width * step / self.total)
+        bar = "#" * filled + "-" * (width - filled)
+        line = (f"[{self.name}] [{bar}] {step}/{self.total} d_loss {d_loss:.3f} "
+                f"g_loss {g_loss:.3f} {rate:.2f} s/step eta {eta / 60:.1f} min {extra}")
+        if self.tty:
+            sys.stderr.write("\r" + line[:150].ljust(150))
+            if step == self.total:
+                sys.stderr.write("\n")
+        else:
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+
+# ---------------------------------------------------------------------------------------------
+# Training one variant
+
+def _world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _unwrap(m: nn.Module) -> nn.Module:
+    return m.module if isinstance(m, nn.parallel.DistributedDataParallel) else m
+
+
+@torch.no_grad()
+def generate(G: nn.Module, n: int, z_dim: int, seed: int, batch: int = 500) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    was_training = G.training
+    G.eval()
+    out = [G(torch.randn(min(batch, n - i), z_dim, generator=gen)) for i in range(0, n, batch)]
+    G.train(was_training)
+    return torch.cat(out).float()
+
+
+def evaluate(G: nn.Module, cfg: TrainConfig, real: torch.Tensor, z_dim: int) -> dict:
+    fake = generate(G, cfg.eval_samples, z_dim, seed=cfg.seed + 12345)
+    out = metrics.fid_kid(real[:cfg.eval_samples], fake)
+    out["swd"] = metrics.swd(real[:cfg.swd_samples], fake[:cfg.swd_samples], seed=cfg.seed)
+    return out
+
+
+def real_eval_images(cfg: TrainConfig, train_u8: torch.Tensor) -> torch.Tensor:
+    """The reference set for FID/KID/SWD: Fashion-MNIST's test split (images never trained on),
+    or, for a folder, the training images themselves."""
+    if cfg.data is None or cfg.data == "fashion-mnist":
+        test, _ = data.load_fashion_mnist("test")
+        return data.to_float(data.resize_uint8(test[:cfg.eval_samples], cfg.res))
+    return data.to_float(train_u8[:cfg.eval_samples])
+
+
+def _checkpoint_path(out: Path) -> Path:
+    return out / "checkpoint.pt"
+
+
+def train_variant(cfg: TrainConfig, log: Callable[[str], None] = print,
+                  progress: bool = True) -> dict:
+    """Train one variant for cfg.steps (continuing from its checkpoint with cfg.resume),
+    evaluate it, write samples / checkpoint / result.json under out/<variant>, return the
+    result."""
+    cfg.check()
+    rank, world = _world()
+    out = Path(cfg.out) / cfg.variant
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg.seed)
+    rss_start = current_rss_bytes()
+    train_u8 = data.load_training_images(cfg.data, cfg.res, cfg.data_limit)
+    channels = train_u8.shape[1]
+    schedule = make_schedule(cfg)
+    gcfg = gan_config(cfg, channels, schedule.pattern(0))
+    G, D = Generator(gcfg), Discriminator(gcfg)
+    opt_g = torch.optim.Adam(G.parameters(), lr=cfg.lr_g, betas=(0.0, 0.9))
+    opt_d = torch.optim.Adam(D.parameters(), lr=cfg.lr_d, betas=(0.0, 0.9))
+    # One generator for batches and noise: saving its state makes a resumed run continue
+    # exactly as an uninterrupted one. Ranks draw different batches.
+    gen = torch.Generator().manual_seed(cfg.seed * 1000 + rank)
+    step, elapsed, history = 0, 0.0, []
+    ckpt = _checkpoint_path(out)
+    if cfg.resume and ckpt.exists():
+        state = torch.load(ckpt, map_location="cpu", weights_only=False)
+        G.load_state_dict(state["G"])
+        D.load_state_dict(state["D"])
+        opt_g.load_state_dict(state["opt_g"])
+        opt_d.load_state_dict(state["opt_d"])
+        schedule.load_state_dict(state["schedule"])
+        step, elapsed, history = state["step"], state["elapsed"], state["history"]
+        gen.set_state(state["rng"][rank] if rank < len(state["rng"]) else state["rng"][0])
+        log(f"[{cfg.variant}] resumed from {ckpt} at step {step}")
+    blocks = attention_blocks(G, D)
+    Gw, Dw = G, D
+    if world > 1:
+        Gw = nn.parallel.DistributedDataParallel(G)
+        Dw = nn.parallel.DistributedDataParallel(D)
+    real_eval = real_eval_images(cfg, train_u8) if rank == 0 else None
+    fixed_z = torch.randn(64, gcfg.z_dim, generator=torch.Generator().manual_seed(cfg.seed + 7))
+    n_data = train_u8.shape[0]
+    steps_per_epoch = math.ceil(n_data / (cfg.batch * world))
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16)
+    prog = Progress(cfg.variant, cfg.steps, cfg.log_every, enabled=progress and rank == 0)
+    if rank == 0:
+        log(f"[{cfg.variant}] attention {gcfg.attention.describe()}; schedule {schedule!r}; "
+            f"G {count_parameters(G) / 1e6:.2f} M, D {count_parameters(D) / 1e6:.2f} M "
+            f"parameters; {n_data} images {channels}x{cfg.res}x{cfg.res}; batch {cfg.batch} x "
+            f"{world} process(es); {steps_per_epoch} steps per epoch")
+    current = schedule.pattern(step)
+
+    def save_checkpoint() -> None:
+        rngs = [None] * world
+        if world > 1:
+            dist.all_gather_object(rngs, gen.get_state())
+        else:
+            rngs = [gen.get_state()]
+        if rank != 0:
+            return
+        tmp = ckpt.with_suffix(".tmp")
+        torch.save({"G": G.state_dict(), "D": D.state_dict(), "opt_g": opt_g.state_dict(),
+                    "opt_d": opt_d.state_dict(), "schedule": schedule.state_dict(),
+                    "step": step, "elapsed": elapsed, "history": history, "rng": rngs,
+                    "config": dataclasses.asdict(cfg)}, tmp)
+        os.replace(tmp, ckpt)  # a crash while saving keeps the previous checkpoint
+
+    while step < cfg.steps:
+        pattern = schedule.pattern(step)
+        if pattern != current:
+            for b in blocks:
+                b.set_pattern(pattern)
+            if rank == 0:
+                log(f"[{cfg.variant}] step {step}: attention -> "
+                    f"{'global' if pattern is None else pattern}")
+            current = pattern
+        t0 = time.perf_counter()
+        idx = torch.randint(0, n_data, (cfg.batch,), generator=gen)
+        real = data.to_float(train_u8[idx])
+        z = torch.randn(cfg.batch, gcfg.z_dim, generator=gen)
+        # D step: real and fake in one forward, so DDP sees one forward per backward.
+        with autocast:
+            with torch.no_grad():
+                fake = Gw(z)
+            logits = Dw(torch.cat([real, fake.to(real.dtype)])).float()
+            d_loss = hinge_d_loss(logits[:cfg.batch], logits[cfg.batch:])
+        opt_d.zero_grad(set_to_none=True)
+        d_loss.backward()
+        opt_d.step()
+        # G step.
+        z = torch.randn(cfg.batch, gcfg.z_dim, generator=gen)
+        with autocast:
+            g_loss = hinge_g_loss(Dw(Gw(z)).float())
+        opt_g.zero_grad(set_to_none=True)
+        opt_d.zero_grad(set_to_none=True)
+        g_loss.backward()
+        opt_g.step()
+        elapsed += time.perf_counter() - t0
+        step += 1
+        if not (math.isfinite(d_loss.item()) and math.isfinite(g_loss.item())):
+            raise FloatingPointError(f"attn2d train-gan: [{cfg.variant}] loss is not finite at "
+                                     f"step {step} (d {d_loss.item()}, g {g_loss.item()})")
+        prog.update(step, d_loss.item(), g_loss.item())
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            history.append({"step": step, "d_loss": d_loss.item(), "g_loss": g_loss.item()})
+        if rank == 0 and (step % cfg.sample_every == 0 or step == cfg.steps):
+            save_grid(generate(G, 64, gcfg.z_dim, seed=cfg.seed + 7), out / f"samples_{step:06d}.png")
+        if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
+            value = None
+            if rank == 0:
+                m = evaluate(G, cfg, real_eval, gcfg.z_dim)
+                value = m["fid"]
+                history.append({"step": step, "eval": m})
+                log(f"[{cfg.variant}] step {step}: FID {m['fid']:.2f} SWD {m['swd']['mean']:.2f}")
+            if world > 1:
+                box = [value]
+                dist.broadcast_object_list(box, src=0)
+                value = box[0]
+            schedule.observe(step, value)
+        if step % cfg.ckpt_every == 0 or step == cfg.steps:
+            save_checkpoint()
+    result = {"variant": cfg.variant, "steps": step, "world_size": world,
+              "attention": gcfg.attention.describe(), "schedule": repr(schedule),
+              "final_pattern": "global" if current is None else repr(current),
+              "seconds_per_step": elapsed / max(1, step),
+              "seconds_per_epoch": elapsed / max(1, step) * steps_per_epoch,
+              "steps_per_epoch": steps_per_epoch, "train_seconds": elapsed,
+              "peak_rss_bytes": peak_rss_bytes(), "rss_start_bytes": rss_start,
+              "g_parameters": count_parameters(G), "d_parameters": count_parameters(D),
+              "config": dataclasses.asdict(cfg), "history": history}
+    if rank == 0:
+        t0 = time.perf_counter()
+        result["metrics"] = evaluate(G, cfg, real_eval, gcfg.z_dim)
+        result["eval_seconds"] = time.perf_counter() - t0
+        save_grid(generate(G, 64, gcfg.z_dim, seed=cfg.seed + 7), out / "samples_final.png")
+        (out / "result.json").write_text(json.dumps(result, indent=1))
+        m = result["metrics"]
+        log(f"[{cfg.variant}] done: {result['seconds_per_step']:.3f} s/step, peak RSS "
+            f"{result['peak_rss_bytes'] / 2**20:.0f} MiB, FID {m['fid']:.2f}, KID {m['kid']:.3f}, "
+            f"SWD {m['swd']['mean']:.2f}")
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# The driver: one subprocess per variant, then the report
+
+def _cli_args(cfg: TrainConfig) -> list[str]:
+    args = ["--steps", str(cfg.steps), "--batch", str(cfg.batch), "--res", str(cfg.res),
+            "--width", str(cfg.width), "--attn-res", str(cfg.attn_res), "--heads", str(cfg.heads),
+            "--pool-kv", str(cfg.pool_kv), "--lr-g", repr(cfg.lr_g), "--lr-d", repr(cfg.lr_d),
+            "--out", cfg.out, "--seed", str(cfg.seed), "--sample-every", str(cfg.sample_every),
+            "--ckpt-every", str(cfg.ckpt_every), "--eval-every", str(cfg.eval_every),
+            "--eval-samples", str(cfg.eval_samples), "--swd-samples", str(cfg.swd_samples),
+            "--log-every", str(cfg.log_every)]
+    if cfg.window_sizes is not None:
+        args += ["--window-sizes", ",".join(map(str, cfg.window_sizes))]
+    if cfg.data is not None:
+        args += ["--data", cfg.data]
+    if cfg.data_limit is not None:
+        args += ["--data-limit", str(cfg.data_limit)]
+    for flag, on in (("--bf16", cfg.bf16), ("--grad-checkpoint", cfg.grad_checkpoint),
+                     ("--resume", cfg.resume)):
+        if on:
+            args.append(flag)
+    return args
+
+
+def real_reference(cfg: TrainConfig) -> Optional[dict]:
+    """FID/KID/SWD of real training images against the evaluation set: the floor a perfect
+    generator would reach with this many samples."""
+    if cfg.data is not None and cfg.data != "fashion-mnist":
+        return None
+    train_u8 = data.load_training_images(cfg.data, cfg.res, cfg.data_limit)
+    gen = torch.Generator().manual_seed(cfg.seed + 99)
+    pick = torch.randperm(train_u8.shape[0], generator=gen)[:cfg.eval_samples]
+    real_train = data.to_float(train_u8[pick])
+    real_eval = real_eval_images(cfg, train_u8)
+    out = metrics.fid_kid(real_eval, real_train)
+    out["swd"] = metrics.swd(real_eval[:cfg.swd_samples], real_train[:cfg.swd_samples],
+                             seed=cfg.seed)
+    return out
+
+
+def _mib(b: float) -> str:
+    return f"{b / 2**20:.0f} MiB"
+
+
+def write_report(out: Path, results: list[dict], reference: Optional[dict]) -> Path:
+    cfg = results[0]["config"]
+    lines = [
+        "# attn2d train-gan report", "",
+        f"Data: {cfg['data'] or 'Fashion-MNIST (Debian dataset-fashion-mnist)'}, "
+        f"{cfg['res']}x{cfg['res']}; batch {cfg['batch']} per process; {cfg['steps']} steps; "
+        f"attention at {cfg['attn_res']}x{cfg['attn_res']} in G and D (keys pooled "
+        f"{cfg['pool_kv']}x); hinge loss, spectral norm, Adam(0, 0.9), "
+        f"lr G {cfg['lr_g']} / D {cfg['lr_d']}{', bf16 autocast' if cfg['bf16'] else ''}.",
+        f"Machine: {os.cpu_count()} CPUs, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads.", "",
+        "FID and KID are over the 128-d features of attn2d's shipped Fashion-MNIST classifier "
+        f"({cfg['eval_samples']} generated vs {cfg['eval_samples']} test images); SWD is "
+        f"ProGAN's sliced Wasserstein distance (x1e3) on Laplacian-pyramid 7x7 patches "
+        f"({cfg['swd_samples']} images). Lower is better for all three. Time per epoch = "
+        "measured time per training step x steps per epoch (sampling, checkpoints and "
+        "evaluation excluded). Peak memory is the training process's peak RSS.", "",
+        "| variant | attention | s/step | time per epoch | peak RSS | FID | KID | SWD (mean) | "
+        "SWD per level |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        m = r["metrics"]
+        levels = ", ".join(f"{k}: {v:.2f}" for k, v in m["swd"].items() if k != "mean")
+        lines.append(
+            f"| {r['variant']} | {r['attention']} | {r['seconds_per_step']:.3f} | "
+            f"{r['seconds_per_epoch'] / 60:.1f} min | {_mib(r['peak_rss_bytes'])} | "
+            f"{m['fid']:.2f} | {m['kid']:.3f} | {m['swd']['mean']:.2f} | {levels} |")
+    if reference is not None:
+        levels = ", ".join(f"{k}: {v:.2f}" for k, v in reference["swd"].items() if k != "mean")
+        lines.append(f"| real train images (floor) | - | - | - | - | {reference['fid']:.2f} | "
+                     f"{reference['kid']:.3f} | {reference['swd']['mean']:.2f} | {levels} |")
+    if len(results) >= 2:
+        a, b = results[0], results[1]
+        lines += ["", f"{b['variant']} / {a['variant']}: time per step "
+                  f"{b['seconds_per_step'] / a['seconds_per_step']:.2f}x, peak RSS "
+                  f"{b['peak_rss_bytes'] / a['peak_rss_bytes']:.2f}x."]
+    lines += ["", "## Samples (fixed noise, final step)", ""]
+    for r in results:
+        lines += [f"### {r['variant']}", "", f"![{r['variant']}]({r['variant']}/samples_final.png)",
+                  ""]
+    path = out / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    (out / "report.json").write_text(json.dumps({"results": results, "reference": reference},
+                                                indent=1))
+    return path
+
+
+def run(cfg: TrainConfig, variants: list[str], log: Callable[[str], None] = print,
+        subprocesses: bool = True, reference: bool = True) -> Path:
+    """Train each variant (each in its own subprocess unless running under torchrun or
+    subprocesses=False), then write out/report.md."""
+    for v in variants:
+        dataclasses.replace(cfg, variant=v).check()
+    out = Path(cfg.out)
+    rank, world = _world()
+    results = []
+    for v in variants:
+        vcfg = dataclasses.replace(cfg, variant=v)
+        if subprocesses and world == 1:
+            cmd = [sys.executable, "-m", "attn2d.cli", "train-gan", "--variants", v,
+                   "--in-process", "--no-report"] + _cli_args(vcfg)
+            proc = subprocess.run(cmd)
+            if proc.returncode != 0:
+                raise RuntimeError(f"attn2d train-gan: variant {v!r} failed (exit "
+                                   f"{proc.returncode})")
+            results.append(json.loads((out / v / "result.json").read_text()))
+        else:
+            results.append(train_variant(vcfg, log=log))
+    if rank != 0:
+        return out / "report.md"
+    ref = real_reference(cfg) if reference else None
+    path = write_report(out, results, ref)
+    log(f"report: {path}")
+    return path
