@@ -57,14 +57,29 @@ void raise_unless_ok(const Status& s, const char* op) {
 }
 
 DType core_dtype(const at::Tensor& t) {
-  return t.scalar_type() == at::kDouble ? DType::kFloat64 : DType::kFloat32;
+  switch (t.scalar_type()) {
+    case at::kDouble:
+      return DType::kFloat64;
+    case at::kBFloat16:
+      return DType::kBFloat16;
+    case at::kHalf:
+      return DType::kFloat16;
+    default:
+      return DType::kFloat32;
+  }
+}
+
+// lse and additive masks are in the accumulation type: float64 for float64, else float32.
+at::ScalarType accumulation_type(const at::Tensor& q) {
+  return q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
 }
 
 void check_cpu_float(const at::Tensor& t, const char* name, const char* op) {
   TORCH_CHECK_VALUE(t.device().is_cpu(), op, ": ", name, " must be on the CPU (the only backend "
                     "built so far); got a tensor on ", t.device());
-  TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble, op, ": ",
-                   name, " must be float32 or float64; got ", t.scalar_type());
+  const auto st = t.scalar_type();
+  TORCH_CHECK_TYPE(st == at::kFloat || st == at::kDouble || st == at::kBFloat16 || st == at::kHalf,
+                   op, ": ", name, " must be float32, float64, bfloat16 or float16; got ", st);
 }
 
 void check_rank(const at::Tensor& t, const char* name, const char* layout, const char* op) {
@@ -88,9 +103,11 @@ void copy_strides(const at::Tensor& t, std::int64_t* stride) {
 }
 
 // Checks q, k, v, the mask and scale, and fills everything of AttentionParams but out and lse.
+// An additive mask of a 16-bit q is widened to float32 into *mask_holder, which must outlive
+// the params.
 AttentionParams make_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const std::optional<at::Tensor>& attn_mask, bool is_causal,
-                            double scale, const char* op) {
+                            double scale, const char* op, at::Tensor* mask_holder) {
   check_rank(q, "q", "(B, H, Lq, E)", op);
   check_rank(k, "k", "(B, H, Lk, E)", op);
   check_rank(v, "v", "(B, H, Lk, Ev)", op);
@@ -119,11 +136,12 @@ AttentionParams make_params(const at::Tensor& q, const at::Tensor& k, const at::
   p.scale = scale;
 
   if (attn_mask.has_value() && attn_mask->defined()) {
-    const at::Tensor& m = *attn_mask;
+    at::Tensor m = *attn_mask;
     TORCH_CHECK_VALUE(m.device().is_cpu(), op, ": attn_mask must be on the CPU; got ", m.device());
-    TORCH_CHECK_TYPE(m.scalar_type() == at::kBool || m.scalar_type() == q.scalar_type(), op,
-                     ": attn_mask must be bool or have q's dtype (", q.scalar_type(), "); got ",
-                     m.scalar_type());
+    TORCH_CHECK_TYPE(m.scalar_type() == at::kBool || m.scalar_type() == q.scalar_type() ||
+                         m.scalar_type() == accumulation_type(q),
+                     op, ": attn_mask must be bool or have q's dtype (", q.scalar_type(),
+                     ") or ", accumulation_type(q), "; got ", m.scalar_type());
     const std::int64_t full[4] = {p.batch, p.heads, p.len_q, p.len_k};
     TORCH_CHECK_VALUE(m.dim() <= 4, op, ": attn_mask must have at most 4 dims, broadcastable to "
                       "(B, H, Lq, Lk) = ", at::IntArrayRef(full, 4), "; got shape ", m.sizes());
@@ -136,6 +154,15 @@ AttentionParams make_params(const at::Tensor& q, const at::Tensor& k, const at::
       p.mask_stride[d] = (md < 0 || size == 1) ? 0 : m.stride(md);
     }
     p.mask_kind = m.scalar_type() == at::kBool ? MaskKind::kBool : MaskKind::kAdditive;
+    if (p.mask_kind == MaskKind::kAdditive && m.scalar_type() != accumulation_type(q)) {
+      // Widening keeps the mask's shape (a broadcast mask stays small) and sets its strides.
+      m = m.to(accumulation_type(q));
+      for (int d = 0; d < 4; ++d) {
+        const int md = d - lead;
+        if (md >= 0 && p.mask_stride[d] != 0) p.mask_stride[d] = m.stride(md);
+      }
+    }
+    *mask_holder = m;
     p.mask = m.data_ptr();
   }
   return p;
@@ -147,12 +174,14 @@ std::tuple<at::Tensor, at::Tensor> forward_with_layout(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const std::optional<at::Tensor>& attn_mask, bool is_causal, double scale,
     const SparseLayout* layout, const char* op) {
-  AttentionParams p = make_params(q, k, v, attn_mask, is_causal, scale, op);
+  at::Tensor mask_holder;
+  AttentionParams p = make_params(q, k, v, attn_mask, is_causal, scale, op, &mask_holder);
   p.layout = layout;
+  const auto lse_options = q.options().dtype(accumulation_type(q));
   at::Tensor out = layout ? at::zeros({p.batch, p.heads, p.len_q, p.dim_v}, q.options())
                           : at::empty({p.batch, p.heads, p.len_q, p.dim_v}, q.options());
-  at::Tensor lse = layout ? at::full({p.batch, p.heads, p.len_q}, -INFINITY, q.options())
-                          : at::empty({p.batch, p.heads, p.len_q}, q.options());
+  at::Tensor lse = layout ? at::full({p.batch, p.heads, p.len_q}, -INFINITY, lse_options)
+                          : at::empty({p.batch, p.heads, p.len_q}, lse_options);
   p.out = out.data_ptr();
   copy_strides(out, p.out_stride);
   p.lse = lse.data_ptr();
@@ -174,7 +203,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_with_layout(
     const at::Tensor& out, const at::Tensor& lse, const std::optional<at::Tensor>& attn_mask,
     bool is_causal, double scale, const SparseLayout* layout, const char* op) {
   AttentionBackwardParams bp;
-  bp.fwd = make_params(q, k, v, attn_mask, is_causal, scale, op);
+  at::Tensor mask_holder;
+  bp.fwd = make_params(q, k, v, attn_mask, is_causal, scale, op, &mask_holder);
   bp.fwd.layout = layout;
   AttentionParams& p = bp.fwd;
   for (const auto& [t, name] : {std::pair<const at::Tensor&, const char*>{grad_out, "grad_out"},
@@ -187,7 +217,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_with_layout(
                       at::IntArrayRef(want, 4), "; got ", t.sizes());
   }
   check_cpu_float(lse, "lse", op);
-  check_same_dtype(lse, q, "lse", op);
+  TORCH_CHECK_TYPE(lse.scalar_type() == accumulation_type(q), op, ": lse must be ",
+                   accumulation_type(q), " for q of dtype ", q.scalar_type(), "; got ",
+                   lse.scalar_type());
   const std::int64_t lse_shape[3] = {p.batch, p.heads, p.len_q};
   TORCH_CHECK_VALUE(lse.sizes() == at::IntArrayRef(lse_shape, 3), op,
                     ": lse must have shape (B, H, Lq) = ", at::IntArrayRef(lse_shape, 3),

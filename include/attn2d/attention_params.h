@@ -12,11 +12,13 @@ namespace attn2d {
 enum class MaskKind : int {
   kNone = 0,
   kBool = 1,      // uint8/bool elements, nonzero = attention allowed
-  kAdditive = 2,  // elements of `dtype`, added to the scaled scores (-inf = masked)
+  kAdditive = 2,  // elements of accumulation_dtype(dtype), added to the scaled scores (-inf = masked)
 };
 
 struct AttentionParams {
-  DType dtype = DType::kFloat32;  // of q, k, v, out, and an additive mask
+  // Of q, k, v, out (and dout, dq, dk, dv). lse and an additive mask hold
+  // accumulation_dtype(dtype): float for float32, bfloat16 and float16; double for float64.
+  DType dtype = DType::kFloat32;
   std::int64_t batch = 0;
   std::int64_t heads = 0;
   std::int64_t len_q = 0;
@@ -33,7 +35,7 @@ struct AttentionParams {
   void* out = nullptr;  // (batch, heads, len_q, dim_v); read by the backward
   std::int64_t out_stride[4] = {};
   // (batch, heads, len_q) row log-sum-exp of the scaled, masked scores, in the accumulation type
-  // (float for float32, double for float64); -inf for a row with no allowed key. The forward
+  // (double for float64, else float); -inf for a row with no allowed key. The forward
   // writes it when non-null; the backward requires it.
   void* lse = nullptr;
   std::int64_t lse_stride[3] = {};

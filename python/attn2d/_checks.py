@@ -11,7 +11,13 @@ from typing import Optional, Sequence
 
 import torch
 
-SUPPORTED_DTYPES = (torch.float32, torch.float64)
+SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+# 16-bit inputs are computed in float32: their lse is float32 and additive masks may be float32.
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def check_tensor(fn: str, name: str, t: object) -> torch.Tensor:
@@ -28,12 +34,9 @@ def check_rank(fn: str, name: str, t: torch.Tensor, layout: str) -> None:
 
 def check_float_dtype(fn: str, name: str, t: torch.Tensor) -> None:
     if t.dtype not in SUPPORTED_DTYPES:
-        hint = (
-            " (bfloat16/float16 kernels are not built yet; cast to float32)"
-            if t.dtype in (torch.bfloat16, torch.float16)
-            else ""
+        raise TypeError(
+            f"{fn}: {name} must be float32, float64, bfloat16 or float16; got {t.dtype}"
         )
-        raise TypeError(f"{fn}: {name} must be float32 or float64; got {t.dtype}{hint}")
 
 
 def check_same_dtype(fn: str, tensors: Sequence[tuple[str, torch.Tensor]]) -> None:
@@ -66,10 +69,14 @@ def check_mask(fn: str, mask: Optional[torch.Tensor], q: torch.Tensor, full: tup
     if mask is None:
         return
     check_tensor(fn, "attn_mask", mask)
-    if mask.dtype != torch.bool and mask.dtype != q.dtype:
+    allowed = {torch.bool, q.dtype}
+    if q.dtype in LOW_PRECISION:
+        allowed.add(torch.float32)
+    if mask.dtype not in allowed:
+        extra = " or float32" if q.dtype in LOW_PRECISION else ""
         raise TypeError(
-            f"{fn}: attn_mask must be bool (True = may attend) or have q's dtype {q.dtype} "
-            f"(added to the scores); got {mask.dtype}"
+            f"{fn}: attn_mask must be bool (True = may attend) or have q's dtype {q.dtype}"
+            f"{extra} (added to the scores); got {mask.dtype}"
         )
     shape = tuple(mask.shape)
     ok = len(shape) <= 4 and all(

@@ -29,7 +29,8 @@ _load_binding()
 def _attention_forward_fake(q, k, v, attn_mask, is_causal, scale):
     _checks.check_attention("attn2d.attention_forward", q, k, v, attn_mask, check_device=False)
     B, H, Lq, _ = q.shape
-    return q.new_empty((B, H, Lq, v.shape[-1])), q.new_empty((B, H, Lq))
+    lse_dtype = _checks.accumulation_dtype(q.dtype)
+    return q.new_empty((B, H, Lq, v.shape[-1])), q.new_empty((B, H, Lq), dtype=lse_dtype)
 
 
 @torch.library.register_fake("attn2d::attention_backward")
@@ -70,7 +71,8 @@ torch.library.register_autograd(
 def _attention2d_forward_fake(q, k, v, layout, block_q, scale):
     _checks.check_attention("attn2d.attention2d_forward", q, k, v, None, check_device=False)
     B, H, Lq, _ = q.shape
-    return q.new_empty((B, H, Lq, v.shape[-1])), q.new_empty((B, H, Lq))
+    lse_dtype = _checks.accumulation_dtype(q.dtype)
+    return q.new_empty((B, H, Lq, v.shape[-1])), q.new_empty((B, H, Lq), dtype=lse_dtype)
 
 
 @torch.library.register_fake("attn2d::attention2d_backward")

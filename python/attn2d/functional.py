@@ -9,17 +9,18 @@ import torch
 from . import _checks, _ops  # noqa: F401  (_ops loads the binding and registers autograd)
 
 
-def _autocast_to_float32(*ts):
-    """Under CPU autocast to bfloat16/float16, attention runs in float32, as autocast runs
-    softmax: the convs/linears around it still run in low precision, and the float32 result
-    is accepted by whatever follows. Outside autocast, low-precision inputs are refused (no
-    bf16/fp16 kernels yet), so nothing is silently upcast there."""
-    if not torch.is_autocast_enabled("cpu") or torch.get_autocast_dtype("cpu") not in (
-            torch.bfloat16, torch.float16):
+def _autocast_inputs(*ts):
+    """Under CPU autocast to bfloat16/float16, q, k and v are cast to that dtype (as autocast
+    does for matmul) and attention runs in the 16-bit kernels: float32 accumulation, output in
+    the autocast dtype. Float masks are left as they are (float32 masks are accepted)."""
+    if not torch.is_autocast_enabled("cpu"):
+        return ts
+    dtype = torch.get_autocast_dtype("cpu")
+    if dtype not in (torch.bfloat16, torch.float16):
         return ts
     return tuple(
-        t.float() if isinstance(t, torch.Tensor) and t.device.type == "cpu"
-        and t.dtype in (torch.bfloat16, torch.float16) else t
+        t.to(dtype) if isinstance(t, torch.Tensor) and t.device.type == "cpu"
+        and t.dtype in (torch.float32, torch.bfloat16, torch.float16) else t
         for t in ts)
 
 
@@ -42,7 +43,7 @@ def attention(
     strides are accepted without a copy. A query row with no allowed key gives 0 (and gradient 0).
     """
     fn = "attn2d.attention"
-    q, k, v, attn_mask = _autocast_to_float32(q, k, v, attn_mask)
+    q, k, v = _autocast_inputs(q, k, v)
     _checks.check_attention(fn, q, k, v, attn_mask)
     if not isinstance(is_causal, bool):
         raise TypeError(f"{fn}: is_causal must be a bool; got {type(is_causal).__name__}")
@@ -75,7 +76,7 @@ def attention2d(
     its pattern's keys (pattern.dense_mask shows which).
     """
     fn = "attn2d.attention2d"
-    q, k, v = _autocast_to_float32(q, k, v)
+    q, k, v = _autocast_inputs(q, k, v)
     _check_grid_tensor(fn, "q", q, "(B, heads, Hq, Wq, E)")
     _check_grid_tensor(fn, "k", k, "(B, heads, Hk, Wk, E)")
     _check_grid_tensor(fn, "v", v, "(B, heads, Hk, Wk, Ev)")

@@ -107,8 +107,9 @@ Status validate_layout(const AttentionParams& p) {
 }  // namespace
 
 Status validate(const AttentionParams& p) {
-  if (p.dtype != DType::kFloat32 && p.dtype != DType::kFloat64) {
-    return Status::Unsupported("dtype must be float32 or float64");
+  if (p.dtype != DType::kFloat32 && p.dtype != DType::kFloat64 && p.dtype != DType::kBFloat16 &&
+      p.dtype != DType::kFloat16) {
+    return Status::Unsupported("dtype must be float32, float64, bfloat16 or float16");
   }
   const struct {
     std::int64_t value;

@@ -18,6 +18,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <type_traits>
 
 #include "attn2d/attention_params.h"
 #include "attn2d/host.h"
@@ -74,23 +75,25 @@ struct BackwardPlan {
 };
 
 // Packs the query-side tile (rows of slice b, h): scaled q, dO, delta = rowsum(dO * O), lse.
-template <typename T>
+template <typename T, typename IO>
 HWY_INLINE void PackQueryTile(const AttentionBackwardParams& bp, const BackwardPlan<T>& plan,
                               std::int64_t b, std::int64_t h, const Rows& rows,
                               const typename BackwardPlan<T>::Arrays& a) {
   const AttentionParams& p = bp.fwd;
   const size_t E = static_cast<size_t>(p.dim_qk), Ev = static_cast<size_t>(p.dim_v);
-  PackRows(static_cast<const T*>(p.q) + offset4(p.q_stride, b, h, 0, 0), rows, p.q_stride[2],
+  PackRows(static_cast<const IO*>(p.q) + offset4(p.q_stride, b, h, 0, 0), rows, p.q_stride[2],
            p.q_stride[3], E, static_cast<T>(p.scale), a.q, plan.dim_qk_pad, rows.count);
-  PackRows(static_cast<const T*>(bp.dout) + offset4(bp.dout_stride, b, h, 0, 0), rows,
+  PackRows(static_cast<const IO*>(bp.dout) + offset4(bp.dout_stride, b, h, 0, 0), rows,
            bp.dout_stride[2], bp.dout_stride[3], Ev, T(1), a.dout, plan.dim_v_pad, rows.count);
-  const T* out = static_cast<const T*>(p.out) + offset4(p.out_stride, b, h, 0, 0);
+  const IO* out = static_cast<const IO*>(p.out) + offset4(p.out_stride, b, h, 0, 0);
   const T* lse = static_cast<const T*>(p.lse);
   for (size_t r = 0; r < rows.count; ++r) {
-    const T* o = out + rows[r] * p.out_stride[2];
+    const IO* o = out + rows[r] * p.out_stride[2];
     const T* g = a.dout + r * plan.dim_v_pad;
     T delta = 0;
-    for (size_t e = 0; e < Ev; ++e) delta += g[e] * o[static_cast<std::int64_t>(e) * p.out_stride[3]];
+    for (size_t e = 0; e < Ev; ++e) {
+      delta += g[e] * Load<T>(o[static_cast<std::int64_t>(e) * p.out_stride[3]]);
+    }
     a.delta[r] = delta;
     a.lse[r] = lse[b * p.lse_stride[0] + h * p.lse_stride[1] + rows[r] * p.lse_stride[2]];
   }
@@ -122,14 +125,14 @@ HWY_INLINE void ProbabilitiesAndScoreGrad(const BackwardPlan<T>& plan, size_t ro
 }
 
 // Packs the key-side tile: K^T, V^T and, for dQ, K row-major.
-template <typename T>
+template <typename T, typename IO>
 HWY_INLINE void PackKeyTile(const AttentionParams& p, const BackwardPlan<T>& plan,
                             std::int64_t b, std::int64_t h, const Rows& keys, size_t cols_pad,
                             bool row_major_k, const typename BackwardPlan<T>::Arrays& a) {
   const size_t bk = static_cast<size_t>(plan.tiles.block_k);
   const size_t E = static_cast<size_t>(p.dim_qk), Ev = static_cast<size_t>(p.dim_v);
-  const T* k = static_cast<const T*>(p.k) + offset4(p.k_stride, b, h, 0, 0);
-  const T* v = static_cast<const T*>(p.v) + offset4(p.v_stride, b, h, 0, 0);
+  const IO* k = static_cast<const IO*>(p.k) + offset4(p.k_stride, b, h, 0, 0);
+  const IO* v = static_cast<const IO*>(p.v) + offset4(p.v_stride, b, h, 0, 0);
   PackTransposed(k, keys, p.k_stride[2], p.k_stride[3], E, a.kt, bk, cols_pad);
   PackTransposed(v, keys, p.v_stride[2], p.v_stride[3], Ev, a.vt, bk, cols_pad);
   if (row_major_k) {
@@ -154,16 +157,16 @@ HWY_INLINE void AccumulateKeyGrads(const BackwardPlan<T>& plan, size_t rows, siz
   AddRow(a.dk, a.dk_part, cols * plan.dim_qk_pad);
 }
 
-template <typename T>
+template <typename T, typename IO>
 HWY_INLINE void StoreKeyGrads(const AttentionBackwardParams& bp, const BackwardPlan<T>& plan,
                               std::int64_t b, std::int64_t h, const Rows& keys,
                               const typename BackwardPlan<T>::Arrays& a) {
   const AttentionParams& p = bp.fwd;
   StoreTile(a.dk, plan.dim_qk_pad, keys, static_cast<size_t>(p.dim_qk), T(1),
-            static_cast<T*>(bp.dk) + offset4(bp.dk_stride, b, h, 0, 0), bp.dk_stride[2],
+            static_cast<IO*>(bp.dk) + offset4(bp.dk_stride, b, h, 0, 0), bp.dk_stride[2],
             bp.dk_stride[3]);
   StoreTile(a.dv, plan.dim_v_pad, keys, static_cast<size_t>(p.dim_v), T(1),
-            static_cast<T*>(bp.dv) + offset4(bp.dv_stride, b, h, 0, 0), bp.dv_stride[2],
+            static_cast<IO*>(bp.dv) + offset4(bp.dv_stride, b, h, 0, 0), bp.dv_stride[2],
             bp.dv_stride[3]);
 }
 
@@ -187,8 +190,8 @@ Rows QueryTileRows(const AttentionParams& p, const BackwardPlan<T>& plan, std::i
 }
 
 // dK and dV of key tile j0 (slice b, h), and with_dq: its contribution to dQ, accumulated in
-// place into the dq output.
-template <typename T>
+// place into the dq output (only when the output holds the compute type: IO == T).
+template <typename T, typename IO>
 void KeyTile(const BackwardPlan<T>& plan, std::int64_t b, std::int64_t h, std::int64_t j0,
              bool with_dq, const typename BackwardPlan<T>::Arrays& a) {
   const AttentionBackwardParams& bp = *plan.bp;
@@ -200,29 +203,31 @@ void KeyTile(const BackwardPlan<T>& plan, std::int64_t b, std::int64_t h, std::i
   const size_t cols = keys.count, cols_pad = (cols + L - 1) / L * L;
   const SliceMask<T> mask = slice_mask<T>(p, b, h);
 
-  PackKeyTile(p, plan, b, h, keys, cols_pad, /*row_major_k=*/with_dq, a);
+  PackKeyTile<T, IO>(p, plan, b, h, keys, cols_pad, /*row_major_k=*/with_dq, a);
   std::fill(a.dk, a.dk + cols * plan.dim_qk_pad, T(0));
   std::fill(a.dv, a.dv + cols * plan.dim_v_pad, T(0));
   for (std::int64_t i0 = FirstQueryTile(p, j0, plan.tiles.block_q); i0 < p.len_q;
        i0 += plan.tiles.block_q) {
     const Rows rows = QueryTileRows(p, plan, i0);
-    PackQueryTile(bp, plan, b, h, rows, a);
+    PackQueryTile<T, IO>(bp, plan, b, h, rows, a);
     ProbabilitiesAndScoreGrad(plan, rows.count, cols_pad, a, [&](T* S, size_t pad) {
       MaskTile(S, bk, rows.count, cols, pad, i0, j0, mask);
     });
     AccumulateKeyGrads(plan, rows.count, cols, a);
-    if (with_dq && j0 < KeyEnd(p, i0, static_cast<std::int64_t>(rows.count))) {
-      // The running (unscaled) sum lives in the output between key tiles; it is loaded into
-      // the accumulator so the FMA chain is exactly pass 2's.
-      T* dq = static_cast<T*>(bp.dq) + offset4(bp.dq_stride, b, h, 0, 0);
-      PackRows(static_cast<const T*>(dq), rows, bp.dq_stride[2], bp.dq_stride[3], E, T(1), a.dq,
-               plan.dim_qk_pad, rows.count);
-      Gemm<true>(rows.count, plan.dim_qk_pad, cols, a.dp, bk, 1, a.k, plan.dim_qk_pad, a.dq,
-                 plan.dim_qk_pad);
-      StoreTile(a.dq, plan.dim_qk_pad, rows, E, T(1), dq, bp.dq_stride[2], bp.dq_stride[3]);
+    if constexpr (std::is_same<T, IO>::value) {
+      if (with_dq && j0 < KeyEnd(p, i0, static_cast<std::int64_t>(rows.count))) {
+        // The running (unscaled) sum lives in the output between key tiles; it is loaded into
+        // the accumulator so the FMA chain is exactly pass 2's.
+        T* dq = static_cast<T*>(bp.dq) + offset4(bp.dq_stride, b, h, 0, 0);
+        PackRows(static_cast<const T*>(dq), rows, bp.dq_stride[2], bp.dq_stride[3], E, T(1),
+                 a.dq, plan.dim_qk_pad, rows.count);
+        Gemm<true>(rows.count, plan.dim_qk_pad, cols, a.dp, bk, 1, a.k, plan.dim_qk_pad, a.dq,
+                   plan.dim_qk_pad);
+        StoreTile(a.dq, plan.dim_qk_pad, rows, E, T(1), dq, bp.dq_stride[2], bp.dq_stride[3]);
+      }
     }
   }
-  StoreKeyGrads(bp, plan, b, h, keys, a);
+  StoreKeyGrads<T, IO>(bp, plan, b, h, keys, a);
 }
 
 // Single pass: every gradient of one (batch, head) slice.
@@ -241,7 +246,7 @@ void HeadTask(void* ctx, std::int64_t task, int thread) {
     }
   }
   for (std::int64_t j0 = 0; j0 < p.len_k; j0 += plan.tiles.block_k) {
-    KeyTile(plan, b, h, j0, /*with_dq=*/true, a);
+    KeyTile<T, T>(plan, b, h, j0, /*with_dq=*/true, a);
   }
   const T scale = static_cast<T>(p.scale);
   for (std::int64_t i = 0; i < p.len_q; ++i) {
@@ -252,7 +257,7 @@ void HeadTask(void* ctx, std::int64_t task, int thread) {
 }
 
 // Pass 1: dK and dV of one key tile.
-template <typename T>
+template <typename T, typename IO>
 void KeyTileTask(void* ctx, std::int64_t task, int thread) {
   const BackwardPlan<T>& plan = *static_cast<const BackwardPlan<T>*>(ctx);
   const AttentionParams& p = plan.bp->fwd;
@@ -260,11 +265,11 @@ void KeyTileTask(void* ctx, std::int64_t task, int thread) {
   const std::int64_t b = bh / p.heads, h = bh % p.heads;
   const std::int64_t j0 = (task % plan.k_tiles) * plan.tiles.block_k;
   const auto a = plan.carve(plan.workspace + static_cast<size_t>(thread) * plan.scratch_elems);
-  KeyTile(plan, b, h, j0, /*with_dq=*/false, a);
+  KeyTile<T, IO>(plan, b, h, j0, /*with_dq=*/false, a);
 }
 
 // Pass 2: dQ of one query tile, over `visits` key tiles: visit(index, &keys, &mask_fn).
-template <typename T, class Visits>
+template <typename T, typename IO, class Visits>
 HWY_INLINE void QueryTileGrad(const BackwardPlan<T>& plan, std::int64_t b, std::int64_t h,
                               const Rows& rows, const typename BackwardPlan<T>::Arrays& a,
                               const Visits& visits) {
@@ -272,21 +277,21 @@ HWY_INLINE void QueryTileGrad(const BackwardPlan<T>& plan, std::int64_t b, std::
   const AttentionParams& p = bp.fwd;
   const size_t L = VectorLanes<T>();
   const size_t bk = static_cast<size_t>(plan.tiles.block_k);
-  PackQueryTile(bp, plan, b, h, rows, a);
+  PackQueryTile<T, IO>(bp, plan, b, h, rows, a);
   std::fill(a.dq, a.dq + rows.count * plan.dim_qk_pad, T(0));
   visits([&](const Rows& keys, const auto& mask) {
     const size_t cols_pad = (keys.count + L - 1) / L * L;
-    PackKeyTile(p, plan, b, h, keys, cols_pad, /*row_major_k=*/true, a);
+    PackKeyTile<T, IO>(p, plan, b, h, keys, cols_pad, /*row_major_k=*/true, a);
     ProbabilitiesAndScoreGrad(plan, rows.count, cols_pad, a, mask);
     Gemm<true>(rows.count, plan.dim_qk_pad, keys.count, a.dp, bk, 1, a.k, plan.dim_qk_pad, a.dq,
                plan.dim_qk_pad);
   });
   StoreTile(a.dq, plan.dim_qk_pad, rows, static_cast<size_t>(p.dim_qk), static_cast<T>(p.scale),
-            static_cast<T*>(bp.dq) + offset4(bp.dq_stride, b, h, 0, 0), bp.dq_stride[2],
+            static_cast<IO*>(bp.dq) + offset4(bp.dq_stride, b, h, 0, 0), bp.dq_stride[2],
             bp.dq_stride[3]);
 }
 
-template <typename T>
+template <typename T, typename IO>
 void QueryTileTask(void* ctx, std::int64_t task, int thread) {
   const BackwardPlan<T>& plan = *static_cast<const BackwardPlan<T>*>(ctx);
   const AttentionParams& p = plan.bp->fwd;
@@ -298,7 +303,7 @@ void QueryTileTask(void* ctx, std::int64_t task, int thread) {
   const auto a = plan.carve(plan.workspace + static_cast<size_t>(thread) * plan.scratch_elems);
   const SliceMask<T> mask = slice_mask<T>(p, b, h);
   const std::int64_t key_end = KeyEnd(p, i0, static_cast<std::int64_t>(rows.count));
-  QueryTileGrad(plan, b, h, rows, a, [&](const auto& visit) {
+  QueryTileGrad<T, IO>(plan, b, h, rows, a, [&](const auto& visit) {
     for (std::int64_t j0 = 0; j0 < key_end; j0 += plan.tiles.block_k) {
       const Rows keys = KeyTileRows(p, plan, j0);
       visit(keys, [&](T* S, size_t pad) {
@@ -310,7 +315,7 @@ void QueryTileTask(void* ctx, std::int64_t task, int thread) {
 
 // Sparse pass 1: dK and dV of one key tile of the head's layout, over the query tiles that
 // visit it.
-template <typename T>
+template <typename T, typename IO>
 void SparseKeyTileTask(void* ctx, std::int64_t task, int thread) {
   const BackwardPlan<T>& plan = *static_cast<const BackwardPlan<T>*>(ctx);
   const AttentionBackwardParams& bp = *plan.bp;
@@ -325,23 +330,23 @@ void SparseKeyTileTask(void* ctx, std::int64_t task, int thread) {
   if (!LayoutTile(lay, h, task % plan.k_tiles, /*query=*/false, &g, &keys)) return;
   const auto a = plan.carve(plan.workspace + static_cast<size_t>(thread) * plan.scratch_elems);
   const size_t cols = keys.count, cols_pad = (cols + L - 1) / L * L;
-  PackKeyTile(p, plan, b, h, keys, cols_pad, /*row_major_k=*/false, a);
+  PackKeyTile<T, IO>(p, plan, b, h, keys, cols_pad, /*row_major_k=*/false, a);
   std::fill(a.dk, a.dk + cols * plan.dim_qk_pad, T(0));
   std::fill(a.dv, a.dv + cols * plan.dim_v_pad, T(0));
   for (std::int64_t visit = lay.bwd_begin[g]; visit < lay.bwd_begin[g + 1]; ++visit) {
     const Rows rows = LayoutTileRows(lay, lay.bwd_q_tile[visit], /*query=*/true);
     const std::uint64_t* words = MaskWords(lay, lay.bwd_mask[visit]);
-    PackQueryTile(bp, plan, b, h, rows, a);
+    PackQueryTile<T, IO>(bp, plan, b, h, rows, a);
     ProbabilitiesAndScoreGrad(plan, rows.count, cols_pad, a, [&](T* S, size_t pad) {
       MaskTileBits(S, bk, rows.count, cols, pad, words);
     });
     AccumulateKeyGrads(plan, rows.count, cols, a);
   }
-  StoreKeyGrads(bp, plan, b, h, keys, a);
+  StoreKeyGrads<T, IO>(bp, plan, b, h, keys, a);
 }
 
 // Sparse pass 2: dQ of one query tile of the head's layout, over its visit list.
-template <typename T>
+template <typename T, typename IO>
 void SparseQueryTileTask(void* ctx, std::int64_t task, int thread) {
   const BackwardPlan<T>& plan = *static_cast<const BackwardPlan<T>*>(ctx);
   const AttentionParams& p = plan.bp->fwd;
@@ -353,7 +358,7 @@ void SparseQueryTileTask(void* ctx, std::int64_t task, int thread) {
   Rows rows;
   if (!LayoutTile(lay, h, task % plan.q_tiles, /*query=*/true, &g, &rows)) return;
   const auto a = plan.carve(plan.workspace + static_cast<size_t>(thread) * plan.scratch_elems);
-  QueryTileGrad(plan, b, h, rows, a, [&](const auto& visit) {
+  QueryTileGrad<T, IO>(plan, b, h, rows, a, [&](const auto& visit) {
     for (std::int64_t v = lay.fwd_begin[g]; v < lay.fwd_begin[g + 1]; ++v) {
       const Rows keys = LayoutTileRows(lay, lay.fwd_k_tile[v], /*query=*/false);
       const std::uint64_t* words = MaskWords(lay, lay.fwd_mask[v]);
@@ -364,7 +369,7 @@ void SparseQueryTileTask(void* ctx, std::int64_t task, int thread) {
   });
 }
 
-template <typename T>
+template <typename IO>
 void ZeroSlices(const AttentionBackwardParams& bp) {
   const AttentionParams& p = bp.fwd;
   struct Grad {
@@ -379,11 +384,12 @@ void ZeroSlices(const AttentionBackwardParams& bp) {
       for (std::int64_t h = 0; h < p.heads; ++h)
         for (std::int64_t i = 0; i < g.len; ++i)
           for (std::int64_t e = 0; e < g.width; ++e)
-            static_cast<T*>(g.data)[offset4(g.stride, b, h, i, e)] = T(0);
+            static_cast<IO*>(g.data)[offset4(g.stride, b, h, i, e)] = Store<IO>(0.0f);
   }
 }
 
-template <typename T>
+// T: the compute type; IO: the tensors' element type (T, or a 16-bit type).
+template <typename T, typename IO>
 Status Backward(const AttentionBackwardParams& bp, const Host& host) {
   const AttentionParams& p = bp.fwd;
   if (p.batch == 0 || p.heads == 0) return Status::Ok();
@@ -417,27 +423,36 @@ Status Backward(const AttentionBackwardParams& bp, const Host& host) {
   const std::int64_t heads = p.batch * p.heads;
   if (p.layout != nullptr) {
     // Keys and queries outside every tile of a layout get no gradient: start from zeros.
-    ZeroSlices<T>(bp);
-    run_tasks(host, heads * plan.k_tiles, &plan, SparseKeyTileTask<T>);
-    run_tasks(host, heads * plan.q_tiles, &plan, SparseQueryTileTask<T>);
+    ZeroSlices<IO>(bp);
+    run_tasks(host, heads * plan.k_tiles, &plan, SparseKeyTileTask<T, IO>);
+    run_tasks(host, heads * plan.q_tiles, &plan, SparseQueryTileTask<T, IO>);
     return Status::Ok();
   }
+  // The single pass keeps dQ's running sum in the dq output, which a 16-bit output cannot
+  // hold without rounding at every key tile: 16-bit tensors always take the two passes.
+  constexpr bool kCanSinglePass = std::is_same<T, IO>::value;
   const double single_pass = 4.0 * static_cast<double>((heads + threads - 1) / threads);
   const double two_pass = 7.0 * static_cast<double>(heads) / threads;
-  if (single_pass <= two_pass) {
-    run_tasks(host, heads, &plan, HeadTask<T>);
+  if (kCanSinglePass && single_pass <= two_pass) {
+    if constexpr (kCanSinglePass) run_tasks(host, heads, &plan, HeadTask<T>);
   } else {
-    run_tasks(host, heads * plan.k_tiles, &plan, KeyTileTask<T>);
-    run_tasks(host, heads * plan.q_tiles, &plan, QueryTileTask<T>);
+    run_tasks(host, heads * plan.k_tiles, &plan, KeyTileTask<T, IO>);
+    run_tasks(host, heads * plan.q_tiles, &plan, QueryTileTask<T, IO>);
   }
   return Status::Ok();
 }
 
 Status BackwardFloat32(const AttentionBackwardParams& p, const Host& host) {
-  return Backward<float>(p, host);
+  return Backward<float, float>(p, host);
 }
 Status BackwardFloat64(const AttentionBackwardParams& p, const Host& host) {
-  return Backward<double>(p, host);
+  return Backward<double, double>(p, host);
+}
+Status BackwardBFloat16(const AttentionBackwardParams& p, const Host& host) {
+  return Backward<float, BFloat16>(p, host);
+}
+Status BackwardFloat16(const AttentionBackwardParams& p, const Host& host) {
+  return Backward<float, Float16>(p, host);
 }
 
 }  // namespace HWY_NAMESPACE
@@ -451,10 +466,19 @@ namespace cpu {
 
 HWY_EXPORT(BackwardFloat32);
 HWY_EXPORT(BackwardFloat64);
+HWY_EXPORT(BackwardBFloat16);
+HWY_EXPORT(BackwardFloat16);
 
 Status attention_backward(const AttentionBackwardParams& params, const Host& host) {
-  if (params.fwd.dtype == DType::kFloat64) {
-    return HWY_DYNAMIC_DISPATCH(BackwardFloat64)(params, host);
+  switch (params.fwd.dtype) {
+    case DType::kFloat64:
+      return HWY_DYNAMIC_DISPATCH(BackwardFloat64)(params, host);
+    case DType::kBFloat16:
+      return HWY_DYNAMIC_DISPATCH(BackwardBFloat16)(params, host);
+    case DType::kFloat16:
+      return HWY_DYNAMIC_DISPATCH(BackwardFloat16)(params, host);
+    case DType::kFloat32:
+      break;
   }
   return HWY_DYNAMIC_DISPATCH(BackwardFloat32)(params, host);
 }

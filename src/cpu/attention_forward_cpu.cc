@@ -59,20 +59,21 @@ struct ForwardPlan {
 
 // Writes the finished rows of a query tile: out = acc / l (0 for a fully masked row) and
 // lse = m + log l (-inf for a fully masked row).
-template <typename T>
+template <typename T, typename IO>
 HWY_INLINE void FinishQueryTile(const AttentionParams& p, const ForwardPlan<T>& plan,
                                 std::int64_t b, std::int64_t h, const Rows& rows,
                                 const typename ForwardPlan<T>::Arrays& a) {
   constexpr T kNegInf = -std::numeric_limits<T>::infinity();
   const size_t Ev = static_cast<size_t>(p.dim_v), Evp = plan.dim_v_pad;
-  T* out = static_cast<T*>(p.out) + offset4(p.out_stride, b, h, 0, 0);
+  IO* out = static_cast<IO*>(p.out) + offset4(p.out_stride, b, h, 0, 0);
   T* lse = static_cast<T*>(p.lse);
   for (size_t r = 0; r < rows.count; ++r) {
     const bool empty = a.m[r] == kNegInf;
     const T inv_l = empty ? T(0) : T(1) / a.l[r];
-    T* o = out + rows[r] * p.out_stride[2];
+    IO* o = out + rows[r] * p.out_stride[2];
     for (size_t e = 0; e < Ev; ++e) {
-      o[static_cast<std::int64_t>(e) * p.out_stride[3]] = empty ? T(0) : a.acc[r * Evp + e] * inv_l;
+      o[static_cast<std::int64_t>(e) * p.out_stride[3]] =
+          Store<IO>(empty ? T(0) : a.acc[r * Evp + e] * inv_l);
     }
     if (lse != nullptr) {
       lse[b * p.lse_stride[0] + h * p.lse_stride[1] + rows[r] * p.lse_stride[2]] =
@@ -82,12 +83,12 @@ HWY_INLINE void FinishQueryTile(const AttentionParams& p, const ForwardPlan<T>& 
 }
 
 // Packs the query tile and resets the online-softmax state.
-template <typename T>
+template <typename T, typename IO>
 HWY_INLINE void StartQueryTile(const AttentionParams& p, const ForwardPlan<T>& plan,
                                std::int64_t b, std::int64_t h, const Rows& rows,
                                const typename ForwardPlan<T>::Arrays& a) {
   const size_t E = static_cast<size_t>(p.dim_qk);
-  PackRows(static_cast<const T*>(p.q) + offset4(p.q_stride, b, h, 0, 0), rows, p.q_stride[2],
+  PackRows(static_cast<const IO*>(p.q) + offset4(p.q_stride, b, h, 0, 0), rows, p.q_stride[2],
            p.q_stride[3], E, static_cast<T>(p.scale), a.q, E, rows.count);
   std::fill(a.acc, a.acc + rows.count * plan.dim_v_pad, T(0));
   std::fill(a.m, a.m + rows.count, -std::numeric_limits<T>::infinity());
@@ -96,7 +97,7 @@ HWY_INLINE void StartQueryTile(const AttentionParams& p, const ForwardPlan<T>& p
 
 // Scores of the packed query tile against key tile `keys` (into a.s), masked by `mask(S,
 // cols_pad)`, then the online-softmax step and acc += P V.
-template <typename T, class MaskFn>
+template <typename T, typename IO, class MaskFn>
 HWY_INLINE void VisitKeyTile(const AttentionParams& p, const ForwardPlan<T>& plan,
                              std::int64_t b, std::int64_t h, size_t rows, const Rows& keys,
                              const typename ForwardPlan<T>::Arrays& a, const MaskFn& mask) {
@@ -104,9 +105,9 @@ HWY_INLINE void VisitKeyTile(const AttentionParams& p, const ForwardPlan<T>& pla
   const size_t E = static_cast<size_t>(p.dim_qk), Ev = static_cast<size_t>(p.dim_v);
   const size_t Evp = plan.dim_v_pad, bk = static_cast<size_t>(plan.tiles.block_k);
   const size_t cols = keys.count, cols_pad = (cols + L - 1) / L * L;
-  PackTransposed(static_cast<const T*>(p.k) + offset4(p.k_stride, b, h, 0, 0), keys,
+  PackTransposed(static_cast<const IO*>(p.k) + offset4(p.k_stride, b, h, 0, 0), keys,
                  p.k_stride[2], p.k_stride[3], E, a.kt, bk, cols_pad);
-  PackRows(static_cast<const T*>(p.v) + offset4(p.v_stride, b, h, 0, 0), keys, p.v_stride[2],
+  PackRows(static_cast<const IO*>(p.v) + offset4(p.v_stride, b, h, 0, 0), keys, p.v_stride[2],
            p.v_stride[3], Ev, T(1), a.v, Evp, cols);
   Gemm<false>(rows, cols_pad, E, a.q, E, 1, a.kt, bk, a.s, bk);
   mask(a.s, cols_pad);
@@ -115,7 +116,7 @@ HWY_INLINE void VisitKeyTile(const AttentionParams& p, const ForwardPlan<T>& pla
 }
 
 // Dense: one (batch, head, query tile); walks the key tiles it can see.
-template <typename T>
+template <typename T, typename IO>
 void ForwardTask(void* ctx, std::int64_t task, int thread) {
   const ForwardPlan<T>& plan = *static_cast<const ForwardPlan<T>*>(ctx);
   const AttentionParams& p = *plan.p;
@@ -126,22 +127,22 @@ void ForwardTask(void* ctx, std::int64_t task, int thread) {
   const Rows rows{nullptr, i0, static_cast<size_t>(std::min(plan.tiles.block_q, p.len_q - i0))};
   const auto a = plan.carve(plan.workspace + static_cast<size_t>(thread) * plan.scratch_elems);
   const SliceMask<T> mask = slice_mask<T>(p, b, h);
-  StartQueryTile(p, plan, b, h, rows, a);
+  StartQueryTile<T, IO>(p, plan, b, h, rows, a);
   // Causal: keys after the tile's last query are never visible.
   const std::int64_t key_end =
       p.is_causal ? std::min<std::int64_t>(p.len_k, i0 + static_cast<std::int64_t>(rows.count))
                   : p.len_k;
   for (std::int64_t j0 = 0; j0 < key_end; j0 += plan.tiles.block_k) {
     const Rows keys{nullptr, j0, static_cast<size_t>(std::min(plan.tiles.block_k, p.len_k - j0))};
-    VisitKeyTile(p, plan, b, h, rows.count, keys, a, [&](T* S, size_t cols_pad) {
+    VisitKeyTile<T, IO>(p, plan, b, h, rows.count, keys, a, [&](T* S, size_t cols_pad) {
       MaskTile(S, bk, rows.count, keys.count, cols_pad, i0, j0, mask);
     });
   }
-  FinishQueryTile(p, plan, b, h, rows, a);
+  FinishQueryTile<T, IO>(p, plan, b, h, rows, a);
 }
 
 // Sparse: one (batch, head, query tile of the head's layout); walks the tile's visit list.
-template <typename T>
+template <typename T, typename IO>
 void SparseForwardTask(void* ctx, std::int64_t task, int thread) {
   const ForwardPlan<T>& plan = *static_cast<const ForwardPlan<T>*>(ctx);
   const AttentionParams& p = *plan.p;
@@ -153,18 +154,19 @@ void SparseForwardTask(void* ctx, std::int64_t task, int thread) {
   Rows rows;
   if (!LayoutTile(lay, h, task % plan.q_tiles, /*query=*/true, &g, &rows)) return;
   const auto a = plan.carve(plan.workspace + static_cast<size_t>(thread) * plan.scratch_elems);
-  StartQueryTile(p, plan, b, h, rows, a);
+  StartQueryTile<T, IO>(p, plan, b, h, rows, a);
   for (std::int64_t visit = lay.fwd_begin[g]; visit < lay.fwd_begin[g + 1]; ++visit) {
     const Rows keys = LayoutTileRows(lay, lay.fwd_k_tile[visit], /*query=*/false);
     const std::uint64_t* words = MaskWords(lay, lay.fwd_mask[visit]);
-    VisitKeyTile(p, plan, b, h, rows.count, keys, a, [&](T* S, size_t cols_pad) {
+    VisitKeyTile<T, IO>(p, plan, b, h, rows.count, keys, a, [&](T* S, size_t cols_pad) {
       MaskTileBits(S, bk, rows.count, keys.count, cols_pad, words);
     });
   }
-  FinishQueryTile(p, plan, b, h, rows, a);
+  FinishQueryTile<T, IO>(p, plan, b, h, rows, a);
 }
 
-template <typename T>
+// T: the compute type (float for float32 and the 16-bit types); IO: the tensors' element type.
+template <typename T, typename IO>
 Status Forward(const AttentionParams& p, const Host& host) {
   if (p.batch == 0 || p.heads == 0 || p.len_q == 0) return Status::Ok();
   const size_t L = VectorLanes<T>();
@@ -189,13 +191,21 @@ Status Forward(const AttentionParams& p, const Host& host) {
   }
   plan.workspace = reinterpret_cast<T*>(ws.data());
   run_tasks(host, p.batch * p.heads * plan.q_tiles, &plan,
-            p.layout != nullptr ? SparseForwardTask<T> : ForwardTask<T>);
+            p.layout != nullptr ? SparseForwardTask<T, IO> : ForwardTask<T, IO>);
   return Status::Ok();
 }
 
-Status ForwardFloat32(const AttentionParams& p, const Host& host) { return Forward<float>(p, host); }
+Status ForwardFloat32(const AttentionParams& p, const Host& host) {
+  return Forward<float, float>(p, host);
+}
 Status ForwardFloat64(const AttentionParams& p, const Host& host) {
-  return Forward<double>(p, host);
+  return Forward<double, double>(p, host);
+}
+Status ForwardBFloat16(const AttentionParams& p, const Host& host) {
+  return Forward<float, BFloat16>(p, host);
+}
+Status ForwardFloat16(const AttentionParams& p, const Host& host) {
+  return Forward<float, Float16>(p, host);
 }
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
 
@@ -210,10 +220,21 @@ namespace cpu {
 
 HWY_EXPORT(ForwardFloat32);
 HWY_EXPORT(ForwardFloat64);
+HWY_EXPORT(ForwardBFloat16);
+HWY_EXPORT(ForwardFloat16);
 HWY_EXPORT(TargetName);
 
 Status attention_forward(const AttentionParams& params, const Host& host) {
-  if (params.dtype == DType::kFloat64) return HWY_DYNAMIC_DISPATCH(ForwardFloat64)(params, host);
+  switch (params.dtype) {
+    case DType::kFloat64:
+      return HWY_DYNAMIC_DISPATCH(ForwardFloat64)(params, host);
+    case DType::kBFloat16:
+      return HWY_DYNAMIC_DISPATCH(ForwardBFloat16)(params, host);
+    case DType::kFloat16:
+      return HWY_DYNAMIC_DISPATCH(ForwardFloat16)(params, host);
+    case DType::kFloat32:
+      break;
+  }
   return HWY_DYNAMIC_DISPATCH(ForwardFloat32)(params, host);
 }
 

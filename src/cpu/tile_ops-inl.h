@@ -19,6 +19,7 @@
 
 #include "attn2d/sparse_layout.h"
 #include "core/strided.h"
+#include "cpu/half.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
 
@@ -253,24 +254,27 @@ struct Rows {
 // walking d first would touch one cache line (and at 256x256 one page) per element.
 
 // dst[r * ld + c] = alpha * element(r, c) for r < rows.count, c < cols; zero for c in
-// [cols, ld) and for r in [rows.count, rows_pad).
-template <typename T>
-HWY_INLINE void PackRows(const T* HWY_RESTRICT base, const Rows& rows, std::int64_t rs,
+// [cols, ld) and for r in [rows.count, rows_pad). Elements are stored as IO (T, or a 16-bit
+// type widened here) and packed as the compute type T.
+template <typename T, typename IO>
+HWY_INLINE void PackRows(const IO* HWY_RESTRICT base, const Rows& rows, std::int64_t rs,
                          std::int64_t cs, size_t cols, T alpha, T* HWY_RESTRICT dst, size_t ld,
                          size_t rows_pad) {
   const size_t n = rows.count;
   if (cs != 1 && std::abs(rs) < std::abs(cs)) {
     for (size_t c = 0; c < cols; ++c) {
-      const T* s = base + static_cast<std::int64_t>(c) * cs;
-      for (size_t r = 0; r < n; ++r) dst[r * ld + c] = alpha * s[rows[r] * rs];
+      const IO* s = base + static_cast<std::int64_t>(c) * cs;
+      for (size_t r = 0; r < n; ++r) dst[r * ld + c] = alpha * Load<T>(s[rows[r] * rs]);
     }
   } else {
     for (size_t r = 0; r < n; ++r) {
-      const T* s = base + rows[r] * rs;
+      const IO* s = base + rows[r] * rs;
       if (cs == 1) {
-        for (size_t c = 0; c < cols; ++c) dst[r * ld + c] = alpha * s[c];
+        for (size_t c = 0; c < cols; ++c) dst[r * ld + c] = alpha * Load<T>(s[c]);
       } else {
-        for (size_t c = 0; c < cols; ++c) dst[r * ld + c] = alpha * s[static_cast<std::int64_t>(c) * cs];
+        for (size_t c = 0; c < cols; ++c) {
+          dst[r * ld + c] = alpha * Load<T>(s[static_cast<std::int64_t>(c) * cs]);
+        }
       }
     }
   }
@@ -284,21 +288,23 @@ HWY_INLINE void PackRows(const T* HWY_RESTRICT base, const Rows& rows, std::int6
 
 // dst[c * ld + r] = element(r, c) for r < rows.count, c < cols; zero for r in
 // [rows.count, rows_pad).
-template <typename T>
-HWY_INLINE void PackTransposed(const T* HWY_RESTRICT base, const Rows& rows, std::int64_t rs,
+template <typename T, typename IO>
+HWY_INLINE void PackTransposed(const IO* HWY_RESTRICT base, const Rows& rows, std::int64_t rs,
                                std::int64_t cs, size_t cols, T* HWY_RESTRICT dst, size_t ld,
                                size_t rows_pad) {
   const size_t n = rows.count;
   if (std::abs(rs) < std::abs(cs)) {
     for (size_t c = 0; c < cols; ++c) {
-      const T* s = base + static_cast<std::int64_t>(c) * cs;
+      const IO* s = base + static_cast<std::int64_t>(c) * cs;
       T* o = dst + c * ld;
-      for (size_t r = 0; r < n; ++r) o[r] = s[rows[r] * rs];
+      for (size_t r = 0; r < n; ++r) o[r] = Load<T>(s[rows[r] * rs]);
     }
   } else {
     for (size_t r = 0; r < n; ++r) {
-      const T* s = base + rows[r] * rs;
-      for (size_t c = 0; c < cols; ++c) dst[c * ld + r] = s[static_cast<std::int64_t>(c) * cs];
+      const IO* s = base + rows[r] * rs;
+      for (size_t c = 0; c < cols; ++c) {
+        dst[c * ld + r] = Load<T>(s[static_cast<std::int64_t>(c) * cs]);
+      }
     }
   }
   for (size_t c = 0; c < cols; ++c) {
@@ -306,13 +312,16 @@ HWY_INLINE void PackTransposed(const T* HWY_RESTRICT base, const Rows& rows, std
   }
 }
 
-// element(r, c) = alpha * src[r * ld + c] for r < rows.count, c < cols: the inverse of PackRows.
-template <typename T>
+// element(r, c) = alpha * src[r * ld + c] for r < rows.count, c < cols: the inverse of PackRows,
+// rounding once to the storage type.
+template <typename T, typename IO>
 HWY_INLINE void StoreTile(const T* HWY_RESTRICT src, size_t ld, const Rows& rows, size_t cols,
-                          T alpha, T* HWY_RESTRICT base, std::int64_t rs, std::int64_t cs) {
+                          T alpha, IO* HWY_RESTRICT base, std::int64_t rs, std::int64_t cs) {
   for (size_t r = 0; r < rows.count; ++r) {
-    T* o = base + rows[r] * rs;
-    for (size_t c = 0; c < cols; ++c) o[static_cast<std::int64_t>(c) * cs] = alpha * src[r * ld + c];
+    IO* o = base + rows[r] * rs;
+    for (size_t c = 0; c < cols; ++c) {
+      o[static_cast<std::int64_t>(c) * cs] = Store<IO>(alpha * src[r * ld + c]);
+    }
   }
 }
 

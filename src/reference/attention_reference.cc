@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "core/strided.h"
@@ -157,15 +158,25 @@ Status backward(const AttentionBackwardParams& bp) {
   return Status::Ok();
 }
 
+Status refuse_16_bit(DType dtype) {
+  return Status::Unsupported(std::string("the reference backend computes float32 and float64; "
+                                         "widen ") + dtype_name(dtype) +
+                             " inputs to float32 to compare with it");
+}
+
+bool is_16_bit(DType dtype) { return dtype == DType::kBFloat16 || dtype == DType::kFloat16; }
+
 }  // namespace
 
 Status attention_forward(const AttentionParams& params, Precision precision) {
+  if (is_16_bit(params.dtype)) return refuse_16_bit(params.dtype);
   if (params.dtype == DType::kFloat64) return forward<double, double>(params);
   return precision == Precision::kFloat64 ? forward<float, double>(params)
                                           : forward<float, float>(params);
 }
 
 Status attention_backward(const AttentionBackwardParams& params, Precision precision) {
+  if (is_16_bit(params.fwd.dtype)) return refuse_16_bit(params.fwd.dtype);
   if (params.fwd.dtype == DType::kFloat64) return backward<double, double>(params);
   return precision == Precision::kFloat64 ? backward<float, double>(params)
                                           : backward<float, float>(params);

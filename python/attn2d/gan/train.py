@@ -252,7 +252,7 @@ def train_variant(cfg: TrainConfig, log: Callable[[str], None] = print,
     # One generator for batches and noise: saving its state makes a resumed run continue
     # exactly as an uninterrupted one. Ranks draw different batches.
     gen = torch.Generator().manual_seed(cfg.seed * 1000 + rank)
-    step, elapsed, history = 0, 0.0, []
+    step, elapsed, history, step_times = 0, 0.0, [], []
     ckpt = _checkpoint_path(out)
     if cfg.resume and ckpt.exists():
         state = torch.load(ckpt, map_location="cpu", weights_only=False)
@@ -262,6 +262,7 @@ def train_variant(cfg: TrainConfig, log: Callable[[str], None] = print,
         opt_d.load_state_dict(state["opt_d"])
         schedule.load_state_dict(state["schedule"])
         step, elapsed, history = state["step"], state["elapsed"], state["history"]
+        step_times = state.get("step_times", [])
         gen.set_state(state["rng"][rank] if rank < len(state["rng"]) else state["rng"][0])
         log(f"[{cfg.variant}] resumed from {ckpt} at step {step}")
     blocks = attention_blocks(G, D)
@@ -294,6 +295,7 @@ def train_variant(cfg: TrainConfig, log: Callable[[str], None] = print,
         torch.save({"G": G.state_dict(), "D": D.state_dict(), "opt_g": opt_g.state_dict(),
                     "opt_d": opt_d.state_dict(), "schedule": schedule.state_dict(),
                     "step": step, "elapsed": elapsed, "history": history, "rng": rngs,
+                    "step_times": step_times,
                     "config": dataclasses.asdict(cfg)}, tmp)
         os.replace(tmp, ckpt)  # a crash while saving keeps the previous checkpoint
 
@@ -327,7 +329,8 @@ def train_variant(cfg: TrainConfig, log: Callable[[str], None] = print,
         opt_d.zero_grad(set_to_none=True)
         g_loss.backward()
         opt_g.step()
-        elapsed += time.perf_counter() - t0
+        step_times.append(time.perf_counter() - t0)
+        elapsed += step_times[-1]
         step += 1
         if not (math.isfinite(d_loss.item()) and math.isfinite(g_loss.item())):
             raise FloatingPointError(f"attn2d train-gan: [{cfg.variant}] loss is not finite at "
@@ -351,11 +354,14 @@ def train_variant(cfg: TrainConfig, log: Callable[[str], None] = print,
             schedule.observe(step, value)
         if step % cfg.ckpt_every == 0 or step == cfg.steps:
             save_checkpoint()
+    median_step = float(torch.tensor(step_times or [0.0]).median())
     result = {"variant": cfg.variant, "steps": step, "world_size": world,
               "attention": gcfg.attention.describe(), "schedule": repr(schedule),
               "final_pattern": "global" if current is None else repr(current),
-              "seconds_per_step": elapsed / max(1, step),
-              "seconds_per_epoch": elapsed / max(1, step) * steps_per_epoch,
+              # The median step: robust to other work on the machine now and then.
+              "seconds_per_step": median_step,
+              "mean_seconds_per_step": elapsed / max(1, step),
+              "seconds_per_epoch": median_step * steps_per_epoch,
               "steps_per_epoch": steps_per_epoch, "train_seconds": elapsed,
               "peak_rss_bytes": peak_rss_bytes(), "rss_start_bytes": rss_start,
               "g_parameters": count_parameters(G), "d_parameters": count_parameters(D),
@@ -432,7 +438,7 @@ def write_report(out: Path, results: list[dict], reference: Optional[dict]) -> P
         f"({cfg['eval_samples']} generated vs {cfg['eval_samples']} test images); SWD is "
         f"ProGAN's sliced Wasserstein distance (x1e3) on Laplacian-pyramid 7x7 patches "
         f"({cfg['swd_samples']} images). Lower is better for all three. Time per epoch = "
-        "measured time per training step x steps per epoch (sampling, checkpoints and "
+        "median time per training step x steps per epoch (sampling, checkpoints and "
         "evaluation excluded). Peak memory is the training process's peak RSS.", "",
         "| variant | attention | s/step | time per epoch | peak RSS | FID | KID | SWD (mean) | "
         "SWD per level |",

@@ -1,0 +1,202 @@
+// bfloat16 and float16 storage (float32 compute) against the float64 reference run on the same
+// rounded values, on every SIMD target this build compiled and this CPU runs.
+//
+// Every product and sum runs in float32 and each result is rounded once to 16 bits, so the
+// error is the output rounding (half an ulp: 2^-9 relative for bfloat16, 2^-12 for float16)
+// plus float32 noise; the backward also reads the rounded forward output (delta = rowsum(dO*O)).
+// The bound is 4 rounding units of the tensor's largest magnitude.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "attention_test_util.h"
+#include "cpu/half.h"
+#include "hwy/targets.h"
+
+namespace attn2d {
+namespace testing {
+namespace {
+
+using cpu::BFloat16;
+using cpu::Float16;
+
+class HalfPrecision : public ::testing::TestWithParam<std::int64_t> {
+ protected:
+  void SetUp() override { hwy::SetSupportedTargetsForTest(GetParam()); }
+  void TearDown() override { hwy::SetSupportedTargetsForTest(0); }
+};
+
+INSTANTIATE_TEST_SUITE_P(Targets, HalfPrecision,
+                         ::testing::ValuesIn(hwy::SupportedAndGeneratedTargets()),
+                         [](const ::testing::TestParamInfo<std::int64_t>& info) {
+                           return std::string(hwy::TargetName(info.param));
+                         });
+
+template <typename H>
+struct Traits;
+template <>
+struct Traits<BFloat16> {
+  static constexpr DType kDType = DType::kBFloat16;
+  static constexpr double kUnit = 1.0 / 512;  // half an ulp, relative
+  static BFloat16 narrow(float x) { return cpu::narrow_bf16(x); }
+};
+template <>
+struct Traits<Float16> {
+  static constexpr DType kDType = DType::kFloat16;
+  static constexpr double kUnit = 1.0 / 4096;
+  static Float16 narrow(float x) { return cpu::narrow_f16(x); }
+};
+
+// The same view as t, with 16-bit elements; t's values are rounded in place to what they hold.
+template <typename H>
+Tensor4<H> to_half(Tensor4<float>& t) {
+  Tensor4<H> h;
+  h.size = t.size, h.stride = t.stride;
+  h.data.resize(t.data.size());
+  for (std::size_t i = 0; i < t.data.size(); ++i) {
+    h.data[i] = Traits<H>::narrow(t.data[i]);
+    t.data[i] = cpu::widen(h.data[i]);
+  }
+  return h;
+}
+
+template <typename H>
+Tensor4<H> empty_like(const Tensor4<float>& t) {
+  Tensor4<H> h;
+  h.size = t.size, h.stride = t.stride;
+  h.data.resize(t.data.size());
+  return h;
+}
+
+template <typename H>
+double max_error(const Tensor4<H>& ours, const Tensor4<double>& oracle, double* largest) {
+  double worst = 0.0;
+  *largest = 0.0;
+  oracle.for_each([&](auto b, auto h, auto i, auto j) {
+    const double want = oracle.at(b, h, i, j);
+    const double got = cpu::widen(ours.at(b, h, i, j));
+    worst = std::isnan(got) ? INFINITY : std::max(worst, std::abs(got - want));
+    *largest = std::max(*largest, std::abs(want));
+  });
+  return worst;
+}
+
+template <typename H>
+void expect_close_to_reference(Problem<float> pr, const std::string& what) {
+  SCOPED_TRACE(what);
+  const Tensor4<H> q = to_half<H>(pr.q), k = to_half<H>(pr.k), v = to_half<H>(pr.v);
+  const Tensor4<H> dout = to_half<H>(pr.dout);
+
+  Problem<double> pr64;
+  pr64.B = pr.B, pr64.H = pr.H, pr64.Lq = pr.Lq, pr64.Lk = pr.Lk, pr64.E = pr.E, pr64.Ev = pr.Ev;
+  pr64.scale = pr.scale, pr64.causal = pr.causal, pr64.layout = pr.layout;
+  pr64.q = pr.q.cast<double>(), pr64.k = pr.k.cast<double>(), pr64.v = pr.v.cast<double>();
+  pr64.dout = pr.dout.cast<double>();
+  pr64.mask.kind = pr.mask.kind, pr64.mask.stride = pr.mask.stride;
+  pr64.mask.bools = pr.mask.bools;
+  pr64.mask.bias.assign(pr.mask.bias.begin(), pr.mask.bias.end());
+  const Result<double> oracle =
+      run(pr64, Backend::kReference, serial_host(), reference::Precision::kFloat64);
+  ASSERT_TRUE(oracle.forward_status.ok() && oracle.backward_status.ok());
+
+  // Views and strides come from the float32 runner's layout; pointers are swapped for 16 bits.
+  Result<float> shape_of = run(pr, Backend::kCpu, serial_host());
+  Tensor4<H> out = empty_like<H>(shape_of.out), dq = empty_like<H>(shape_of.dq);
+  Tensor4<H> dk = empty_like<H>(shape_of.dk), dv = empty_like<H>(shape_of.dv);
+  std::vector<float> lse(shape_of.lse.size());
+  AttentionBackwardParams bp;
+  bp.fwd = forward_params(pr, shape_of.out, lse);
+  bp.fwd.dtype = Traits<H>::kDType;
+  bp.fwd.q = q.data.data(), bp.fwd.k = k.data.data(), bp.fwd.v = v.data.data();
+  bp.fwd.out = out.data.data();
+  ASSERT_TRUE(attention_forward(bp.fwd, thread_host(2)).ok());
+  bp.dout = dout.data.data();
+  std::copy(dout.stride.begin(), dout.stride.end(), bp.dout_stride);
+  bp.dq = dq.data.data(), bp.dk = dk.data.data(), bp.dv = dv.data.data();
+  std::copy(dq.stride.begin(), dq.stride.end(), bp.dq_stride);
+  std::copy(dk.stride.begin(), dk.stride.end(), bp.dk_stride);
+  std::copy(dv.stride.begin(), dv.stride.end(), bp.dv_stride);
+  const Status s = attention_backward(bp, thread_host(2));
+  ASSERT_TRUE(s.ok()) << s.message();
+
+  const struct {
+    const char* name;
+    const Tensor4<H>& ours;
+    const Tensor4<double>& oracle;
+  } outputs[] = {{"out", out, oracle.out}, {"dq", dq, oracle.dq}, {"dk", dk, oracle.dk},
+                 {"dv", dv, oracle.dv}};
+  for (const auto& o : outputs) {
+    double largest;
+    const double err = max_error(o.ours, o.oracle, &largest);
+    EXPECT_LE(err, 4.0 * Traits<H>::kUnit * largest + 1e-6) << o.name << " (largest " << largest
+                                                            << ")";
+  }
+  for (std::size_t r = 0; r < lse.size(); ++r) {
+    const double want = oracle.lse[r];
+    if (std::isinf(want)) {
+      EXPECT_EQ(lse[r], want) << "lse row " << r;
+    } else {
+      EXPECT_NEAR(lse[r], want, 1e-5 * (1.0 + std::abs(want))) << "lse row " << r;
+    }
+  }
+}
+
+struct Shape {
+  std::int64_t B, H, Lq, Lk, E, Ev;
+};
+const Shape kShapes[] = {{1, 1, 1, 1, 1, 1},      {2, 3, 97, 7, 8, 64},
+                         {1, 2, 129, 97, 59, 17}, {1, 1, 300, 1025, 64, 64},
+                         {3, 4, 17, 300, 8, 32}};
+const Layout kLayouts[] = {Layout::kContiguous, Layout::kSequenceMajor, Layout::kChannelsFirst};
+
+TEST_P(HalfPrecision, BFloat16ShapesAndLayouts) {
+  int n = 0;
+  for (const Shape& s : kShapes) {
+    expect_close_to_reference<BFloat16>(
+        make_problem<float>(s.B, s.H, s.Lq, s.Lk, s.E, s.Ev, kLayouts[n % 3], 700 + n),
+        "shape #" + std::to_string(n));
+    ++n;
+  }
+}
+
+TEST_P(HalfPrecision, Float16ShapesAndLayouts) {
+  int n = 0;
+  for (const Shape& s : kShapes) {
+    expect_close_to_reference<Float16>(
+        make_problem<float>(s.B, s.H, s.Lq, s.Lk, s.E, s.Ev, kLayouts[(n + 1) % 3], 800 + n),
+        "shape #" + std::to_string(n));
+    ++n;
+  }
+}
+
+TEST_P(HalfPrecision, MasksCausalAndFullyMaskedRows) {
+  int n = 0;
+  for (MaskKind kind : {MaskKind::kBool, MaskKind::kAdditive}) {
+    for (bool causal : {false, true}) {
+      expect_close_to_reference<BFloat16>(
+          make_problem<float>(2, 2, 45, 70, 16, 24, Layout::kChannelsFirst, 900 + n, kind,
+                              {false, true, false, false}, causal, /*fully_masked_rows=*/true),
+          "mask kind " + std::to_string(static_cast<int>(kind)) + (causal ? " causal" : ""));
+      ++n;
+    }
+  }
+}
+
+TEST(HalfPrecisionConversions, RoundToNearestEvenAndKeepNaN) {
+  // 1 + 2^-8 lies halfway between bfloat16's 1 and 1 + 2^-7: ties go to the even mantissa.
+  EXPECT_EQ(cpu::widen(cpu::narrow_bf16(1.0f + 1.0f / 256)), 1.0f);
+  EXPECT_EQ(cpu::widen(cpu::narrow_bf16(1.0f + 3.0f / 256)), 1.0f + 4.0f / 256);
+  EXPECT_EQ(cpu::widen(cpu::narrow_bf16(1.0f + 1.5f / 256)), 1.0f + 2.0f / 256);
+  EXPECT_TRUE(std::isnan(cpu::widen(cpu::narrow_bf16(NAN))));
+  EXPECT_TRUE(std::isinf(cpu::widen(cpu::narrow_bf16(INFINITY))));
+  EXPECT_EQ(cpu::widen(cpu::narrow_f16(1.0f + 1.0f / 2048)), 1.0f);
+  EXPECT_EQ(cpu::widen(cpu::narrow_f16(65504.0f)), 65504.0f);
+  EXPECT_TRUE(std::isinf(cpu::widen(cpu::narrow_f16(1e6f))));
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace attn2d

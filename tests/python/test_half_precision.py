@@ -1,0 +1,125 @@
+"""bfloat16 and float16 inputs: float32 accumulation in the fused kernels, one rounding of each
+result. Rule (as for float32): our error against float64 attention on the same rounded inputs
+is at most 2x the error of naive attention computed in the same 16-bit dtype, plus a floor."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attn2d
+from attn2d.patterns import YLG, Window
+from reference import max_err, naive_attention
+
+DTYPES = [torch.bfloat16, torch.float16]
+FLOOR = {torch.bfloat16: 1e-3, torch.float16: 1e-4}
+
+
+def _grads(fn, q, k, v, g):
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    out = fn(q, k, v)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), g.to(out.dtype))
+    return out.detach(), dq, dk, dv
+
+
+def _check_against_naive(dtype, q, k, v, g, **kw):
+    """q, k, v, g in `dtype`; kw for attn2d.attention and naive_attention."""
+    ours = _grads(lambda a, b, c: attn2d.attention(a, b, c, **kw), q, k, v, g)
+    oracle = _grads(lambda a, b, c: naive_attention(a, b, c, **kw), q, k, v, g.double())
+    naive = _grads(lambda a, b, c: naive_attention(a, b, c, dtype=dtype, **kw), q, k, v, g)
+    for name, o, w, n in zip(("out", "dq", "dk", "dv"), ours, oracle, naive):
+        assert o.dtype == dtype, name
+        err, naive_err = max_err(o, w), max_err(n, w)
+        assert err <= 2 * naive_err + FLOOR[dtype], f"{name}: {err} vs naive {naive_err}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B,H,Lq,Lk,E,Ev", [
+    (1, 1, 1, 1, 1, 1), (2, 3, 97, 33, 8, 64), (1, 2, 65, 129, 59, 17), (1, 1, 300, 257, 64, 64),
+])
+def test_matches_float64_within_twice_naive_16_bit_error(dtype, B, H, Lq, Lk, E, Ev):
+    torch.manual_seed(Lq * 7 + Lk)
+    q = (torch.randn(B, H, Lq, E) * 1.5).to(dtype)
+    k = (torch.randn(B, H, Lk, E) * 1.5).to(dtype)
+    v = torch.randn(B, H, Lk, Ev).to(dtype)
+    g = torch.randn(B, H, Lq, Ev).to(dtype)
+    _check_against_naive(dtype, q, k, v, g)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_nchw_views_masks_and_causal(dtype):
+    torch.manual_seed(3)
+    B, C, Hh, W = 2, 16, 7, 9
+    x = torch.randn(B, 3 * C, Hh, W).to(dtype)
+    # Conv outputs viewed as (B, heads=2, N, C/2): last-dim stride H*W, no copy.
+    q, k, v = (t.reshape(B, 2, C // 2, Hh * W).transpose(-1, -2) for t in x.split(C, 1))
+    g = torch.randn(B, 2, Hh * W, C // 2).to(dtype)
+    bool_mask = torch.rand(Hh * W, Hh * W) < 0.6
+    bias32 = torch.randn(1, 2, Hh * W, Hh * W)
+    _check_against_naive(dtype, q, k, v, g, attn_mask=bool_mask)
+    _check_against_naive(dtype, q, k, v, g, attn_mask=bias32)
+    _check_against_naive(dtype, q, k, v, g, attn_mask=bias32.to(dtype))
+    _check_against_naive(dtype, q, k, v, g, is_causal=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fully_masked_rows_give_zero_and_zero_gradient(dtype):
+    torch.manual_seed(4)
+    q, k, v = (torch.randn(1, 2, 6, 8).to(dtype).requires_grad_() for _ in range(3))
+    mask = torch.ones(6, 6, dtype=torch.bool)
+    mask[2] = False
+    out = attn2d.attention(q, k, v, attn_mask=mask)
+    out.float().sum().backward()
+    assert torch.equal(out[:, :, 2], torch.zeros_like(out[:, :, 2]))
+    assert torch.equal(q.grad[:, :, 2], torch.zeros_like(q.grad[:, :, 2]))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("pattern", [Window(5, "manhattan"), Window(4, border="shift"), YLG(2)])
+def test_patterns_in_16_bit(dtype, pattern):
+    torch.manual_seed(5)
+    B, H, Hq, Wq, E = 2, 2, 11, 13, 8
+    q = torch.randn(B, H, Hq, Wq, E).to(dtype)
+    k = torch.randn(B, H, Hq, Wq, E).to(dtype)
+    v = torch.randn(B, H, Hq, Wq, 16).to(dtype)
+    g = torch.randn(B, H, Hq, Wq, 16).to(dtype)
+    mask = pattern.dense_mask((Hq, Wq), (Hq, Wq), H)[None]
+
+    def flat(t):
+        return t.flatten(2, 3)
+
+    ours = _grads(lambda a, b, c: attn2d.attention2d(a, b, c, pattern=pattern), q, k, v, g)
+    oracle = _grads(lambda a, b, c: naive_attention(flat(a), flat(b), flat(c), attn_mask=mask),
+                    q, k, v, flat(g).double())
+    naive = _grads(lambda a, b, c: naive_attention(flat(a), flat(b), flat(c), attn_mask=mask,
+                                                   dtype=dtype), q, k, v, flat(g))
+    for name, o, w, n in zip(("out", "dq", "dk", "dv"), ours, oracle, naive):
+        o = o.flatten(2, 3)
+        w, n = w.reshape(o.shape), n.reshape(o.shape)
+        assert o.dtype == dtype
+        assert max_err(o, w) <= 2 * max_err(n, w) + FLOOR[dtype], name
+
+
+def test_lse_is_float32_and_opcheck_passes():
+    q, k, v = (torch.randn(1, 2, 9, 8).bfloat16() for _ in range(3))
+    out, lse = torch.ops.attn2d.attention_forward(q, k, v, None, False, 0.3)
+    assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
+    torch.library.opcheck(torch.ops.attn2d.attention_forward, (q, k, v, None, False, 0.3))
+    g = torch.randn_like(out)
+    torch.library.opcheck(torch.ops.attn2d.attention_backward,
+                          (g, q, k, v, out, lse, None, False, 0.3))
+    with pytest.raises(TypeError, match="lse"):
+        torch.ops.attn2d.attention_backward(g, q, k, v, out, lse.bfloat16(), None, False, 0.3)
+
+
+def test_autocast_module_output_is_close_to_float32():
+    torch.manual_seed(6)
+    block = attn2d.nn.SelfAttention2d(64, heads=8, pattern=YLG(8))
+    torch.nn.init.normal_(block.gamma)
+    x = torch.randn(2, 64, 16, 16)
+    want = block(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = block(x)
+    got.float().sum().backward()
+    assert block.query.weight.grad is not None
+    assert max_err(got, want) <= 0.05 * float(want.detach().abs().max())
