@@ -80,7 +80,25 @@ def time_training_step(fn: Callable[..., torch.Tensor], inputs: list[torch.Tenso
             "fwd_bwd_s": statistics.median([a + b for a, b in zip(fwd, bwd)])}
 
 
-def run_case(case: Case, reps: int, peers: list[str], with_memory: bool) -> dict:
+ACCURACY_ROWS = 256  # query rows checked against float64 (rows are independent)
+
+
+def bf16_accuracy(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> dict:
+    """Forward error of attn2d's bfloat16 kernel and of naive bfloat16 attention against
+    float64 attention on the same rounded inputs, over the first ACCURACY_ROWS query rows."""
+    import attn2d
+
+    qb, kb, vb = q[:, :, :ACCURACY_ROWS].bfloat16(), k.bfloat16(), v.bfloat16()
+    ref = torch.softmax(qb.double() @ kb.double().transpose(-1, -2) * scale, -1) @ vb.double()
+    naive = torch.softmax(qb @ kb.transpose(-1, -2) * scale, -1) @ vb
+    ours = attn2d.attention(qb, kb, vb, scale=scale)
+    err = float((ours.double() - ref).abs().max())
+    naive_err = float((naive.double() - ref).abs().max())
+    return {"error": err, "naive_bf16_error": naive_err, "within_2x_rule": err <= 2 * naive_err}
+
+
+def run_case(case: Case, reps: int, peers: list[str], with_memory: bool,
+             thread_scaling: bool = False) -> dict:
     import attn2d
 
     gen = torch.Generator().manual_seed(0)
@@ -88,14 +106,25 @@ def run_case(case: Case, reps: int, peers: list[str], with_memory: bool) -> dict
     k = torch.randn(case.B, case.H, case.Lk, case.E, generator=gen)
     v = torch.randn(case.B, case.H, case.Lk, case.Ev, generator=gen)
     scale = 1.0 / math.sqrt(case.E)
+
+    def bf16(q, k, v, s):
+        return attn2d.attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), scale=s)
+
     impls = {"attn2d": lambda q, k, v, s: attn2d.attention(q, k, v, scale=s)}
     impls.update({name: PEERS[name] for name in peers})
+    impls["attn2d-bf16"] = bf16
     results = {}
     for name, fn in impls.items():
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
-                r = time_training_step(lambda *t: fn(*t, scale), [q, k, v], reps)
+                if name == "attn2d-bf16":
+                    # Inputs are bf16 leaves, as under autocast: the cast is not timed.
+                    inputs = [t.bfloat16() for t in (q, k, v)]
+                    r = time_training_step(lambda *t: attn2d.attention(*t, scale=scale),
+                                           inputs, reps)
+                else:
+                    r = time_training_step(lambda *t: fn(*t, scale), [q, k, v], reps)
             except RuntimeError as err:
                 reasons = [str(w.message) for w in caught if "kernel not used" not in str(w.message)]
                 results[name] = {"refused": (reasons[-1] if reasons else str(err)).splitlines()[0]}
@@ -104,10 +133,23 @@ def run_case(case: Case, reps: int, peers: list[str], with_memory: bool) -> dict
         r["forward_gflops"] = fl / r["forward_s"] / 1e9
         r["backward_gflops"] = 2.5 * fl / r["backward_s"] / 1e9
         if with_memory:
-            m = measure(dict(impl=name, B=case.B, H=case.H, Lq=case.Lq, Lk=case.Lk, E=case.E,
-                             Ev=case.Ev))
+            impl, dtype = ("attn2d", "bfloat16") if name == "attn2d-bf16" else (name, "float32")
+            m = measure(dict(impl=impl, dtype=dtype, B=case.B, H=case.H, Lq=case.Lq, Lk=case.Lk,
+                             E=case.E, Ev=case.Ev))
             r["peak_bytes"] = m["peak_above_baseline_bytes"]
         results[name] = r
+    results["attn2d-bf16"]["accuracy"] = bf16_accuracy(q, k, v, scale)
+    if thread_scaling:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            r = time_training_step(lambda *t: attn2d.attention(*t, scale=scale), [q, k, v], reps)
+        finally:
+            torch.set_num_threads(threads)
+        fl = case.forward_flops()
+        r["forward_gflops"] = fl / r["forward_s"] / 1e9
+        r["backward_gflops"] = 2.5 * fl / r["backward_s"] / 1e9
+        results["attn2d-1thread"] = r
     ours = results["attn2d"]
     for name, r in results.items():
         if name != "attn2d" and "refused" not in r:
@@ -145,6 +187,26 @@ def _markdown(report: dict) -> str:
                 f"{r['forward_gflops']:.1f} ({100 * r['forward_gflops'] / peak:.0f}%) | "
                 f"{r['backward_gflops']:.1f} | {ratio} | {mem} |"
             )
+    lines += ["", "attn2d's own variants: bf16 speed = fp32 time / bf16 time (the 1.5x target); "
+              "error of the first 256 output rows against float64 on the same bf16 inputs vs "
+              "naive bf16 attention's (the 2x rule); thread scaling = 1-thread time / "
+              f"{report['threads']}-thread time.", "",
+              "| case | bf16 speed fwd / bwd | bf16 error / naive bf16 error | "
+              "thread scaling fwd / bwd |", "|---|---|---|---|"]
+    for c in report["cases"]:
+        r = c["results"]
+        fp32, b = r["attn2d"], r.get("attn2d-bf16", {})
+        if "forward_s" not in b:
+            continue
+        acc = b["accuracy"]
+        one = r.get("attn2d-1thread")
+        scaling = (f"{one['forward_s'] / fp32['forward_s']:.2f} / "
+                   f"{one['backward_s'] / fp32['backward_s']:.2f}" if one else "not measured")
+        lines.append(
+            f"| {c['case']['name']} | {fp32['forward_s'] / b['forward_s']:.2f} / "
+            f"{fp32['backward_s'] / b['backward_s']:.2f} | {acc['error']:.2e} / "
+            f"{acc['naive_bf16_error']:.2e} ({'ok' if acc['within_2x_rule'] else 'FAILS'}) | "
+            f"{scaling} |")
     return "\n".join(lines) + "\n"
 
 
@@ -176,7 +238,7 @@ def _plot(report: dict, path: str) -> None:
 
 def run(out_dir: str = "attn2d-report", *, cases: Optional[list[Case]] = None, reps: int = 5,
         peers: Optional[list[str]] = None, with_memory: bool = True,
-        log: Callable[[str], None] = print) -> dict:
+        thread_scaling: bool = False, log: Callable[[str], None] = print) -> dict:
     import platform
 
     import attn2d
@@ -201,7 +263,7 @@ def run(out_dir: str = "attn2d-report", *, cases: Optional[list[Case]] = None, r
     log(f"FMA peak: {peak:.0f} GFLOP/s on {torch.get_num_threads()} threads")
     for i, case in enumerate(cases, 1):
         log(f"[{i}/{len(cases)}] {case.name} ...")
-        report["cases"].append(run_case(case, reps, peers, with_memory))
+        report["cases"].append(run_case(case, reps, peers, with_memory, thread_scaling))
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "bench.json"), "w") as f:
         json.dump(report, f, indent=2)

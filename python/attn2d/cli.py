@@ -22,6 +22,10 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--reps", type=int, default=5, help="timed runs per measurement")
     bench.add_argument("--quick", action="store_true", help="two small cases only")
     bench.add_argument("--no-memory", action="store_true", help="skip the subprocess memory runs")
+    bench.add_argument("--thread-scaling", action="store_true",
+                       help="also time attn2d on one thread (the threads target)")
+    bench.add_argument("--cases", default=None,
+                       help="comma-separated substrings: run only the cases whose names match")
     bench.add_argument("--patterns", action="store_true",
                        help="local/sparse patterns against global, dense-masked and Flex")
     _add_train_gan_parser(sub)
@@ -36,9 +40,15 @@ def main(argv: list[str] | None = None) -> int:
 
         module = bench_patterns if args.patterns else bench_module
         try:
-            module.run(args.out, cases=module.quick_cases() if args.quick else None,
-                       reps=args.reps, with_memory=not args.no_memory,
-                       log=lambda line: print(line, flush=True))
+            cases = module.quick_cases() if args.quick else module.default_cases()
+            if args.cases:
+                wanted = [w.strip() for w in args.cases.split(",") if w.strip()]
+                cases = [c for c in cases if any(w in c.name for w in wanted)]
+                if not cases:
+                    raise ValueError(f"--cases {args.cases!r} matches no case")
+            extra = {"thread_scaling": True} if args.thread_scaling and not args.patterns else {}
+            module.run(args.out, cases=cases, reps=args.reps, with_memory=not args.no_memory,
+                       log=lambda line: print(line, flush=True), **extra)
         except ValueError as err:
             print(f"attn2d bench: error: {err}", file=sys.stderr)
             return 2

@@ -23,8 +23,13 @@ def test_fma_peak_is_measured_and_plausible():
 def test_side_by_side_report(tmp_path):
     case = bench.Case("tiny E=8 Ev=16", 1, 2, 64, 48, 8, 16)
     report = bench.run(str(tmp_path), cases=[case], reps=2, peers=["unfused", "sdpa-flash"],
-                       with_memory=True, log=lambda line: None)
+                       with_memory=True, thread_scaling=True, log=lambda line: None)
     results = report["cases"][0]["results"]
+    bf16 = results["attn2d-bf16"]
+    assert bf16["forward_s"] > 0 and bf16["peak_bytes"] > 0
+    acc = bf16["accuracy"]
+    assert acc["within_2x_rule"] and 0 < acc["error"] <= 2 * acc["naive_bf16_error"]
+    assert results["attn2d-1thread"]["fwd_bwd_s"] > 0
     ours, peer = results["attn2d"], results["unfused"]
     for key in ("forward_s", "backward_s", "fwd_bwd_s", "forward_gflops", "peak_bytes"):
         assert ours[key] > 0 and peer[key] > 0
@@ -34,12 +39,15 @@ def test_side_by_side_report(tmp_path):
         assert json.load(f)["cases"][0]["case"]["name"] == case.name
     md = (tmp_path / "bench.md").read_text()
     assert "| tiny E=8 Ev=16 | unfused |" in md and "refused" in md
+    assert "bf16 speed" in md and "thread scaling" in md
     assert os.path.getsize(tmp_path / "bench.png") > 1000
 
 
 def test_bad_arguments_are_clear_errors(capsys):
     assert cli_main(["bench", "--reps", "0", "--quick", "--no-memory"]) == 2
     assert "reps" in capsys.readouterr().err
+    assert cli_main(["bench", "--cases", "no such case", "--no-memory"]) == 2
+    assert "matches no case" in capsys.readouterr().err
     with pytest.raises(ValueError, match="unknown peers"):
         bench.run("unused", cases=[], peers=["tensorflow"], log=lambda line: None)
 
