@@ -25,12 +25,17 @@ def _load_binding() -> None:
 _load_binding()
 
 
-@torch.library.register_fake("attn2d::attention_forward")
-def _attention_forward_fake(q, k, v, attn_mask, is_causal, scale):
-    _checks.check_attention("attn2d.attention_forward", q, k, v, attn_mask, check_device=False)
+def _forward_outputs(q, v):
+    """out (B, H, Lq, Ev) in q's dtype and lse (B, H, Lq) in the accumulation dtype."""
     B, H, Lq, _ = q.shape
     lse_dtype = _checks.accumulation_dtype(q.dtype)
     return q.new_empty((B, H, Lq, v.shape[-1])), q.new_empty((B, H, Lq), dtype=lse_dtype)
+
+
+@torch.library.register_fake("attn2d::attention_forward")
+def _attention_forward_fake(q, k, v, attn_mask, is_causal, scale):
+    _checks.check_attention("attn2d.attention_forward", q, k, v, attn_mask, check_device=False)
+    return _forward_outputs(q, v)
 
 
 @torch.library.register_fake("attn2d::attention_backward")
@@ -70,9 +75,7 @@ torch.library.register_autograd(
 @torch.library.register_fake("attn2d::attention2d_forward")
 def _attention2d_forward_fake(q, k, v, layout, block_q, scale):
     _checks.check_attention("attn2d.attention2d_forward", q, k, v, None, check_device=False)
-    B, H, Lq, _ = q.shape
-    lse_dtype = _checks.accumulation_dtype(q.dtype)
-    return q.new_empty((B, H, Lq, v.shape[-1])), q.new_empty((B, H, Lq), dtype=lse_dtype)
+    return _forward_outputs(q, v)
 
 
 @torch.library.register_fake("attn2d::attention2d_backward")

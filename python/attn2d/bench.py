@@ -80,6 +80,14 @@ def time_training_step(fn: Callable[..., torch.Tensor], inputs: list[torch.Tenso
             "fwd_bwd_s": statistics.median([a + b for a, b in zip(fwd, bwd)])}
 
 
+def _add_rates(r: dict, case: Case) -> dict:
+    """GFLOP/s of a timing: forward 2*B*H*Lq*Lk*(E+Ev) FLOPs, backward 2.5x that."""
+    fl = case.forward_flops()
+    r["forward_gflops"] = fl / r["forward_s"] / 1e9
+    r["backward_gflops"] = 2.5 * fl / r["backward_s"] / 1e9
+    return r
+
+
 ACCURACY_ROWS = 256  # query rows checked against float64 (rows are independent)
 
 
@@ -107,31 +115,22 @@ def run_case(case: Case, reps: int, peers: list[str], with_memory: bool,
     v = torch.randn(case.B, case.H, case.Lk, case.Ev, generator=gen)
     scale = 1.0 / math.sqrt(case.E)
 
-    def bf16(q, k, v, s):
-        return attn2d.attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), scale=s)
-
-    impls = {"attn2d": lambda q, k, v, s: attn2d.attention(q, k, v, scale=s)}
-    impls.update({name: PEERS[name] for name in peers})
-    impls["attn2d-bf16"] = bf16
+    fp32 = [q, k, v]
+    # bf16 inputs are leaves, as under autocast: the cast is not timed.
+    impls = {"attn2d": (lambda q, k, v, s: attn2d.attention(q, k, v, scale=s), fp32)}
+    impls.update({name: (PEERS[name], fp32) for name in peers})
+    impls["attn2d-bf16"] = (impls["attn2d"][0], [t.bfloat16() for t in fp32])
     results = {}
-    for name, fn in impls.items():
+    for name, (fn, inputs) in impls.items():
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
-                if name == "attn2d-bf16":
-                    # Inputs are bf16 leaves, as under autocast: the cast is not timed.
-                    inputs = [t.bfloat16() for t in (q, k, v)]
-                    r = time_training_step(lambda *t: attn2d.attention(*t, scale=scale),
-                                           inputs, reps)
-                else:
-                    r = time_training_step(lambda *t: fn(*t, scale), [q, k, v], reps)
+                r = time_training_step(lambda *t: fn(*t, scale), inputs, reps)
             except RuntimeError as err:
                 reasons = [str(w.message) for w in caught if "kernel not used" not in str(w.message)]
                 results[name] = {"refused": (reasons[-1] if reasons else str(err)).splitlines()[0]}
                 continue
-        fl = case.forward_flops()
-        r["forward_gflops"] = fl / r["forward_s"] / 1e9
-        r["backward_gflops"] = 2.5 * fl / r["backward_s"] / 1e9
+        _add_rates(r, case)
         if with_memory:
             impl, dtype = ("attn2d", "bfloat16") if name == "attn2d-bf16" else (name, "float32")
             m = measure(dict(impl=impl, dtype=dtype, B=case.B, H=case.H, Lq=case.Lq, Lk=case.Lk,
@@ -143,13 +142,10 @@ def run_case(case: Case, reps: int, peers: list[str], with_memory: bool,
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            r = time_training_step(lambda *t: attn2d.attention(*t, scale=scale), [q, k, v], reps)
+            r = time_training_step(lambda *t: impls["attn2d"][0](*t, scale), fp32, reps)
         finally:
             torch.set_num_threads(threads)
-        fl = case.forward_flops()
-        r["forward_gflops"] = fl / r["forward_s"] / 1e9
-        r["backward_gflops"] = 2.5 * fl / r["backward_s"] / 1e9
-        results["attn2d-1thread"] = r
+        results["attn2d-1thread"] = _add_rates(r, case)
     ours = results["attn2d"]
     for name, r in results.items():
         if name != "attn2d" and "refused" not in r:

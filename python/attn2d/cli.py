@@ -109,7 +109,6 @@ def _add_train_gan_parser(sub) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch threads per process")
     p.add_argument("--in-process", action="store_true",
                    help="train the variants in this process (no subprocess per variant)")
-    p.add_argument("--no-report", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--no-reference", action="store_true",
                    help="skip the real-vs-real reference row of the report")
 
@@ -155,12 +154,8 @@ def _train_gan(parser, args) -> int:
     try:
         for v in variants:
             dataclasses.replace(cfg, variant=v).check()
-        if args.no_report:
-            for v in variants:
-                train.train_variant(dataclasses.replace(cfg, variant=v))
-        else:
-            train.run(cfg, variants, subprocesses=not args.in_process,
-                      reference=not args.no_reference)
+        train.run(cfg, variants, subprocesses=not args.in_process,
+                  reference=not args.no_reference)
     except (ValueError, FileNotFoundError) as err:
         return fail(str(err))
     finally:

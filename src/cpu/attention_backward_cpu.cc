@@ -72,6 +72,10 @@ struct BackwardPlan {
     a.elems = c.used();
     return a;
   }
+  // This thread's arrays, allocated once per call.
+  Arrays thread_arrays(int thread) const {
+    return carve(workspace + static_cast<size_t>(thread) * scratch_elems);
+  }
 };
 
 // Packs the query-side tile (rows of slice b, h): scaled q, dO, delta = rowsum(dO * O), lse.
@@ -237,7 +241,7 @@ void HeadTask(void* ctx, std::int64_t task, int thread) {
   const AttentionBackwardParams& bp = *plan.bp;
   const AttentionParams& p = bp.fwd;
   const std::int64_t b = task / p.heads, h = task % p.heads;
-  const auto a = plan.carve(plan.workspace + static_cast<size_t>(thread) * plan.scratch_elems);
+  const auto a = plan.thread_arrays(thread);
   const size_t E = static_cast<size_t>(p.dim_qk);
   T* dq = static_cast<T*>(bp.dq) + offset4(bp.dq_stride, b, h, 0, 0);
   for (std::int64_t i = 0; i < p.len_q; ++i) {
@@ -264,7 +268,7 @@ void KeyTileTask(void* ctx, std::int64_t task, int thread) {
   const std::int64_t bh = task / plan.k_tiles;
   const std::int64_t b = bh / p.heads, h = bh % p.heads;
   const std::int64_t j0 = (task % plan.k_tiles) * plan.tiles.block_k;
-  const auto a = plan.carve(plan.workspace + static_cast<size_t>(thread) * plan.scratch_elems);
+  const auto a = plan.thread_arrays(thread);
   KeyTile<T, IO>(plan, b, h, j0, /*with_dq=*/false, a);
 }
 
@@ -300,7 +304,7 @@ void QueryTileTask(void* ctx, std::int64_t task, int thread) {
   const std::int64_t b = bh / p.heads, h = bh % p.heads;
   const std::int64_t i0 = (task % plan.q_tiles) * plan.tiles.block_q;
   const Rows rows = QueryTileRows(p, plan, i0);
-  const auto a = plan.carve(plan.workspace + static_cast<size_t>(thread) * plan.scratch_elems);
+  const auto a = plan.thread_arrays(thread);
   const SliceMask<T> mask = slice_mask<T>(p, b, h);
   const std::int64_t key_end = KeyEnd(p, i0, static_cast<std::int64_t>(rows.count));
   QueryTileGrad<T, IO>(plan, b, h, rows, a, [&](const auto& visit) {
@@ -323,12 +327,13 @@ void SparseKeyTileTask(void* ctx, std::int64_t task, int thread) {
   const SparseLayout& lay = *p.layout;
   const size_t L = VectorLanes<T>();
   const size_t bk = static_cast<size_t>(plan.tiles.block_k);
-  const std::int64_t bh = task / plan.k_tiles;
-  const std::int64_t b = bh / p.heads, h = bh % p.heads;
-  std::int64_t g;
+  std::int64_t b, h, g;
   Rows keys;
-  if (!LayoutTile(lay, h, task % plan.k_tiles, /*query=*/false, &g, &keys)) return;
-  const auto a = plan.carve(plan.workspace + static_cast<size_t>(thread) * plan.scratch_elems);
+  if (!SparseTaskTile(lay, p.heads, plan.k_tiles, task, /*query=*/false, &b, &h, &g,
+                      &keys)) {
+    return;
+  }
+  const auto a = plan.thread_arrays(thread);
   const size_t cols = keys.count, cols_pad = (cols + L - 1) / L * L;
   PackKeyTile<T, IO>(p, plan, b, h, keys, cols_pad, /*row_major_k=*/false, a);
   std::fill(a.dk, a.dk + cols * plan.dim_qk_pad, T(0));
@@ -352,12 +357,13 @@ void SparseQueryTileTask(void* ctx, std::int64_t task, int thread) {
   const AttentionParams& p = plan.bp->fwd;
   const SparseLayout& lay = *p.layout;
   const size_t bk = static_cast<size_t>(plan.tiles.block_k);
-  const std::int64_t bh = task / plan.q_tiles;
-  const std::int64_t b = bh / p.heads, h = bh % p.heads;
-  std::int64_t g;
+  std::int64_t b, h, g;
   Rows rows;
-  if (!LayoutTile(lay, h, task % plan.q_tiles, /*query=*/true, &g, &rows)) return;
-  const auto a = plan.carve(plan.workspace + static_cast<size_t>(thread) * plan.scratch_elems);
+  if (!SparseTaskTile(lay, p.heads, plan.q_tiles, task, /*query=*/true, &b, &h, &g,
+                      &rows)) {
+    return;
+  }
+  const auto a = plan.thread_arrays(thread);
   QueryTileGrad<T, IO>(plan, b, h, rows, a, [&](const auto& visit) {
     for (std::int64_t v = lay.fwd_begin[g]; v < lay.fwd_begin[g + 1]; ++v) {
       const Rows keys = LayoutTileRows(lay, lay.fwd_k_tile[v], /*query=*/false);

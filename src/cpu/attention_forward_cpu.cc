@@ -55,6 +55,10 @@ struct ForwardPlan {
     a.elems = c.used();
     return a;
   }
+  // This thread's arrays, allocated once per call.
+  Arrays thread_arrays(int thread) const {
+    return carve(workspace + static_cast<size_t>(thread) * scratch_elems);
+  }
 };
 
 // Writes the finished rows of a query tile: out = acc / l (0 for a fully masked row) and
@@ -125,7 +129,7 @@ void ForwardTask(void* ctx, std::int64_t task, int thread) {
   const std::int64_t b = bh / p.heads, h = bh % p.heads;
   const std::int64_t i0 = (task % plan.q_tiles) * plan.tiles.block_q;
   const Rows rows{nullptr, i0, static_cast<size_t>(std::min(plan.tiles.block_q, p.len_q - i0))};
-  const auto a = plan.carve(plan.workspace + static_cast<size_t>(thread) * plan.scratch_elems);
+  const auto a = plan.thread_arrays(thread);
   const SliceMask<T> mask = slice_mask<T>(p, b, h);
   StartQueryTile<T, IO>(p, plan, b, h, rows, a);
   // Causal: keys after the tile's last query are never visible.
@@ -148,12 +152,13 @@ void SparseForwardTask(void* ctx, std::int64_t task, int thread) {
   const AttentionParams& p = *plan.p;
   const SparseLayout& lay = *p.layout;
   const size_t bk = static_cast<size_t>(plan.tiles.block_k);
-  const std::int64_t bh = task / plan.q_tiles;
-  const std::int64_t b = bh / p.heads, h = bh % p.heads;
-  std::int64_t g;
+  std::int64_t b, h, g;
   Rows rows;
-  if (!LayoutTile(lay, h, task % plan.q_tiles, /*query=*/true, &g, &rows)) return;
-  const auto a = plan.carve(plan.workspace + static_cast<size_t>(thread) * plan.scratch_elems);
+  if (!SparseTaskTile(lay, p.heads, plan.q_tiles, task, /*query=*/true, &b, &h, &g,
+                      &rows)) {
+    return;
+  }
+  const auto a = plan.thread_arrays(thread);
   StartQueryTile<T, IO>(p, plan, b, h, rows, a);
   for (std::int64_t visit = lay.fwd_begin[g]; visit < lay.fwd_begin[g + 1]; ++visit) {
     const Rows keys = LayoutTileRows(lay, lay.fwd_k_tile[visit], /*query=*/false);

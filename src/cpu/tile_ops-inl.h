@@ -348,6 +348,18 @@ HWY_INLINE bool LayoutTile(const SparseLayout& lay, std::int64_t h, std::int64_t
   return true;
 }
 
+// Task `task` of a sparse pass (tiles_per_head tasks per (batch, head)): its batch b, head h
+// and tile of the head's layout; false when that layout has fewer tiles.
+HWY_INLINE bool SparseTaskTile(const SparseLayout& lay, std::int64_t heads,
+                               std::int64_t tiles_per_head, std::int64_t task, bool query,
+                               std::int64_t* b, std::int64_t* h, std::int64_t* global,
+                               Rows* rows) {
+  const std::int64_t bh = task / tiles_per_head;
+  *b = bh / heads;
+  *h = bh % heads;
+  return LayoutTile(lay, *h, task % tiles_per_head, query, global, rows);
+}
+
 // Tasks per (batch, head): the most query (or key) tiles any layout has.
 HWY_INLINE std::int64_t MostLayoutTiles(const SparseLayout& lay, bool query) {
   const std::int64_t* begin = query ? lay.q_tile_begin : lay.k_tile_begin;

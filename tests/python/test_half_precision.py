@@ -122,4 +122,5 @@ def test_autocast_module_output_is_close_to_float32():
         got = block(x)
     got.float().sum().backward()
     assert block.query.weight.grad is not None
-    assert max_err(got, want) <= 0.05 * float(want.detach().abs().max())
+    # A few bf16 roundings (2^-8 relative each) through the projections and the attention.
+    assert max_err(got, want) <= 4 * 2**-8 * float(want.detach().abs().max())

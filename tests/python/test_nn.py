@@ -240,10 +240,10 @@ def test_autocast_bf16_modules_match_float32(index):
     got.float().sum().backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all()
                for p in module.parameters() if p.requires_grad)
-    # The projections run in bf16 (8 mantissa bits: relative error ~2^-8 per rounding); a
-    # silently wrong attention would be off by O(1).
+    # The projections and the attention round to bf16 (2^-8 relative each; measured up to
+    # 0.6% of the largest output); a silently wrong attention would be off by O(1).
     err = (got.float() - want).abs().max().item()
-    assert err <= 0.05 * want.abs().max().item() + 1e-3, err
+    assert err <= 4 * 2**-8 * want.detach().abs().max().item(), err
 
 
 def test_functional_under_autocast_runs_the_16_bit_kernels():

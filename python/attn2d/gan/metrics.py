@@ -5,8 +5,6 @@ All take float images in [-1, 1], (N, C, H, W)."""
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 

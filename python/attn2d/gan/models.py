@@ -7,15 +7,12 @@ convs + LeakyReLU(0.1). Both have spectral norm on every conv/linear (SAGAN appl
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from typing import Optional
 
 import torch
 from torch import nn
 from torch.nn.utils import spectral_norm
 
-from .. import patterns
 from ..nn import SelfAttention2d
 
 

@@ -13,7 +13,7 @@ their state with state_dict / load_state_dict, so a resumed run continues where 
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Sequence
 
 from .. import patterns
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import multiprocessing
 import os
 import resource
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -271,7 +271,6 @@ def train_variant(cfg: TrainConfig, log: Callable[[str], None] = print,
         Gw = nn.parallel.DistributedDataParallel(G)
         Dw = nn.parallel.DistributedDataParallel(D)
     real_eval = real_eval_images(cfg, train_u8) if rank == 0 else None
-    fixed_z = torch.randn(64, gcfg.z_dim, generator=torch.Generator().manual_seed(cfg.seed + 7))
     n_data = train_u8.shape[0]
     steps_per_epoch = math.ceil(n_data / (cfg.batch * world))
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16)
@@ -382,25 +381,9 @@ def train_variant(cfg: TrainConfig, log: Callable[[str], None] = print,
 # ---------------------------------------------------------------------------------------------
 # The driver: one subprocess per variant, then the report
 
-def _cli_args(cfg: TrainConfig) -> list[str]:
-    args = ["--steps", str(cfg.steps), "--batch", str(cfg.batch), "--res", str(cfg.res),
-            "--width", str(cfg.width), "--attn-res", str(cfg.attn_res), "--heads", str(cfg.heads),
-            "--pool-kv", str(cfg.pool_kv), "--lr-g", repr(cfg.lr_g), "--lr-d", repr(cfg.lr_d),
-            "--out", cfg.out, "--seed", str(cfg.seed), "--sample-every", str(cfg.sample_every),
-            "--ckpt-every", str(cfg.ckpt_every), "--eval-every", str(cfg.eval_every),
-            "--eval-samples", str(cfg.eval_samples), "--swd-samples", str(cfg.swd_samples),
-            "--log-every", str(cfg.log_every)]
-    if cfg.window_sizes is not None:
-        args += ["--window-sizes", ",".join(map(str, cfg.window_sizes))]
-    if cfg.data is not None:
-        args += ["--data", cfg.data]
-    if cfg.data_limit is not None:
-        args += ["--data-limit", str(cfg.data_limit)]
-    for flag, on in (("--bf16", cfg.bf16), ("--grad-checkpoint", cfg.grad_checkpoint),
-                     ("--resume", cfg.resume)):
-        if on:
-            args.append(flag)
-    return args
+def _variant_process(cfg: TrainConfig, threads: int) -> None:
+    torch.set_num_threads(threads)
+    train_variant(cfg)
 
 
 def real_reference(cfg: TrainConfig) -> Optional[dict]:
@@ -483,12 +466,14 @@ def run(cfg: TrainConfig, variants: list[str], log: Callable[[str], None] = prin
     for v in variants:
         vcfg = dataclasses.replace(cfg, variant=v)
         if subprocesses and world == 1:
-            cmd = [sys.executable, "-m", "attn2d.cli", "train-gan", "--variants", v,
-                   "--in-process", "--no-report"] + _cli_args(vcfg)
-            proc = subprocess.run(cmd)
-            if proc.returncode != 0:
+            # A fresh process per variant, so each peak RSS is that variant's own.
+            proc = multiprocessing.get_context("spawn").Process(
+                target=_variant_process, args=(vcfg, torch.get_num_threads()))
+            proc.start()
+            proc.join()
+            if proc.exitcode != 0:
                 raise RuntimeError(f"attn2d train-gan: variant {v!r} failed (exit "
-                                   f"{proc.returncode})")
+                                   f"{proc.exitcode})")
             results.append(json.loads((out / v / "result.json").read_text()))
         else:
             results.append(train_variant(vcfg, log=log))
