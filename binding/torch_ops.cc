@@ -7,8 +7,10 @@
 #include <c10/core/CPUAllocator.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "attn2d/attention.h"
 #include "attn2d/fma_peak.h"
@@ -334,6 +336,22 @@ double fma_peak_gflops(double seconds) {
   return attn2d::measure_fma_peak_gflops(torch_host(), seconds);
 }
 
+// How many distinct threads of the host the kernels get run `tasks` tasks on: the check that
+// the binding really lends torch's pool (it ran everything on one thread when built without
+// OpenMP, silently).
+std::int64_t host_threads_used(std::int64_t tasks) {
+  TORCH_CHECK_VALUE(tasks >= 1 && tasks <= (1 << 20), "attn2d.host_threads_used: tasks must be "
+                    "in [1, 2^20]; got ", tasks);
+  const Host host = torch_host();
+  std::vector<std::atomic<bool>> seen(static_cast<size_t>(host.num_threads));
+  host.parallel_for(host.ctx, tasks, &seen, [](void* ctx, std::int64_t, int thread) {
+    (*static_cast<std::vector<std::atomic<bool>>*>(ctx))[static_cast<size_t>(thread)] = true;
+  });
+  std::int64_t used = 0;
+  for (const auto& s : seen) used += s ? 1 : 0;
+  return used;
+}
+
 }  // namespace
 }  // namespace binding
 }  // namespace attn2d
@@ -355,6 +373,7 @@ TORCH_LIBRARY(attn2d, m) {
       "Tensor grad_v)");
   m.def("cpu_simd_target() -> str", &attn2d::binding::cpu_simd_target);
   m.def("fma_peak_gflops(float seconds=0.2) -> float", &attn2d::binding::fma_peak_gflops);
+  m.def("host_threads_used(int tasks) -> int", &attn2d::binding::host_threads_used);
 }
 
 TORCH_LIBRARY_IMPL(attn2d, CPU, m) {

@@ -149,3 +149,17 @@ def test_backward_op_checks_shapes():
         torch.ops.attn2d.attention_backward(out[:, :, :3], q, k, v, out, lse, None, False, 0.5)
     with pytest.raises(ValueError, match="lse"):
         torch.ops.attn2d.attention_backward(out, q, k, v, out, lse[:1], None, False, 0.5)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_kernels_run_on_every_torch_thread(threads):
+    # OpenMP creates the requested threads whatever the machine's core count, so this holds on
+    # one core too; a binding built without OpenMP ran every task on thread 0.
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        assert torch.ops.attn2d.host_threads_used(64) == threads
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(ValueError, match="tasks must be"):
+        torch.ops.attn2d.host_threads_used(0)
