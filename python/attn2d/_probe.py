@@ -4,9 +4,11 @@ A case is either bare attention ({"impl": "attn2d" or a name in attn2d.peers.PEE
 "Ev"}) or one of seed 000's blocks ({"block": "SelfAttention" | "SelfAttention2", "impl":
 "attn2d" | "original", "res", "channels", "batch"}), forward and (by default) backward.
 
-Peak memory is the resident set's high-water mark (VmHWM) after the inputs exist, minus the
-resident set at that moment: what the attention itself added, measured, not computed. The mark
-is reset first (/proc/self/clear_refs), so importing torch does not count.
+Peak memory is the resident set's high-water mark (VmHWM) after the inputs exist and one
+warm-up run has finished, minus the resident set at that moment: what the attention itself
+added, measured, not computed. The mark is reset first (/proc/self/clear_refs), so importing
+torch does not count. Run it through attn2d.memory.measure, which fixes malloc's mmap threshold
+so that freed buffers leave the resident set.
 
     python -m attn2d._probe '{"impl": "attn2d", "B": 1, "H": 1, "Lq": 4096, ...}'
     python -m attn2d._probe '{"block": "SelfAttention2", "impl": "original", "res": 64, ...}'
@@ -41,7 +43,7 @@ from .peers import PEERS  # noqa: E402
 
 
 def _attention_case(case):
-    """Inputs and the function to run for a bare attention case."""
+    """The function to run for a bare attention case, its output gradient and its leaves."""
     import torch
 
     import attn2d
@@ -69,16 +71,17 @@ def _attention_case(case):
 
             _layout.build(pattern, q_hw, kv_hw, H)
         grad = grad.unflatten(2, q_hw)
-        return (lambda: attn2d.attention2d(q5, k5, v5, pattern=pattern, scale=scale)), grad
+        return ((lambda: attn2d.attention2d(q5, k5, v5, pattern=pattern, scale=scale)), grad,
+                [q5, k5, v5])
     if impl == "attn2d":
-        return (lambda: attn2d.attention(q, k, v, scale=scale)), grad
+        return (lambda: attn2d.attention(q, k, v, scale=scale)), grad, [q, k, v]
     if impl in PEERS:
-        return (lambda: PEERS[impl](q, k, v, scale)), grad
+        return (lambda: PEERS[impl](q, k, v, scale)), grad, [q, k, v]
     raise SystemExit(f"unknown impl {impl!r}")
 
 
 def _block_case(case):
-    """Inputs and the function to run for one of seed 000's blocks."""
+    """The function to run for one of seed 000's blocks, its output gradient and parameters."""
     import torch
 
     from attn2d.seed_blocks import make_pair
@@ -89,7 +92,7 @@ def _block_case(case):
     shape = (int(case.get("batch", 1)), int(case["channels"]), int(case["res"]), int(case["res"]))
     x = torch.randn(shape, generator=gen)
     grad = torch.randn(shape, generator=gen)
-    return (lambda: module(x)), grad
+    return (lambda: module(x)), grad, list(module.parameters())
 
 
 def main(argv: list[str]) -> int:
@@ -98,10 +101,22 @@ def main(argv: list[str]) -> int:
 
     if "threads" in case:
         torch.set_num_threads(int(case["threads"]))
-    fn, grad = _block_case(case) if "block" in case else _attention_case(case)
+    fn, grad, leaves = _block_case(case) if "block" in case else _attention_case(case)
     backward = bool(case.get("backward", True))
     impl = case["impl"]
 
+    if case.get("warmup", True):
+        # One untimed run first, as a training loop's second step: code pages faulted in,
+        # thread pools and autograd's engine started. Its buffers are freed before the baseline;
+        # the parent runs this process with a fixed 64 KiB mmap threshold, so freed buffers leave
+        # the resident set instead of sitting in malloc's free lists, where the measured run
+        # could reuse them unseen.
+        warm = fn()
+        if backward:
+            warm.backward(grad)
+        del warm
+        for t in leaves:
+            t.grad = None
     baseline_kib = _status_kib("VmRSS")
     reset = _reset_peak()
     t0 = time.perf_counter()

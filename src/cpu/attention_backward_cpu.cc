@@ -437,12 +437,18 @@ Status Backward(const AttentionBackwardParams& bp, const Host& host) {
   // The single pass keeps dQ's running sum in the dq output, which a 16-bit output cannot
   // hold without rounding at every key tile: 16-bit tensors always take the two passes.
   constexpr bool kCanSinglePass = std::is_same<T, IO>::value;
-  // Two passes must promise a clear gain: threads are rarely perfectly parallel (two
-  // hyperthreads of one core add ~4% FMA throughput, and there two passes for one head made the
-  // SAGAN 64x64 backward 1.6x slower than one pass on one thread).
-  const double single_pass = 4.0 * static_cast<double>((heads + threads - 1) / threads);
-  const double two_pass = 7.0 * static_cast<double>(heads) / threads;
-  if (kCanSinglePass && single_pass <= 1.5 * two_pass) {
+  // Cost per (query, key) pair in multiply-adds: one pass does Q*K^T (E), dO*V^T (Ev), dV (Ev),
+  // dK (E) and dQ (E); two passes add Q*K^T and dO*V^T again; each pass also pays the
+  // recomputed exp and softmax gradient (~16 multiply-adds' worth). One pass runs whole heads,
+  // so with fewer heads than threads some threads idle: at SAGAN 64x64 (one head, E=8,
+  // Ev=64, 2 cores) two passes cost 128 per pair per thread against one pass's 168.
+  const double E = static_cast<double>(p.dim_qk), Ev = static_cast<double>(p.dim_v);
+  constexpr double kSoftmaxCost = 16.0;
+  const double single_pass = (3.0 * E + 2.0 * Ev + kSoftmaxCost) *
+                             static_cast<double>((heads + threads - 1) / threads);
+  const double two_pass =
+      (4.0 * E + 3.0 * Ev + 2.0 * kSoftmaxCost) * static_cast<double>(heads) / threads;
+  if (kCanSinglePass && single_pass <= two_pass) {
     if constexpr (kCanSinglePass) run_tasks(host, heads, &plan, HeadTask<T>);
   } else {
     run_tasks(host, heads * plan.k_tiles, &plan, KeyTileTask<T, IO>);
