@@ -1,14 +1,21 @@
 // Fused backward that recomputes the probabilities tile by tile from q, k and the forward's
 // log-sum-exp; no len_q x len_k buffer exists at any time.
 //
-// Deterministic without atomics, in one of two schedules that give bitwise-equal results:
-// - one pass per (batch, head) when there are enough heads to keep every thread busy: a task
-//   walks the head's key tiles and, for each, the query tiles that see it, accumulating dK and
-//   dV in scratch and dQ in the dq output (4 tile products per tile pair);
-// - two passes otherwise: pass 1 gives each task one (batch, head, key tile) for dK and dV,
-//   pass 2 one (batch, head, query tile) for dQ, recomputing Q*K^T and dO*V^T (7 products).
-// Each dK/dV sum runs over query tiles in order and each dQ sum over key tiles in order in
-// both, so the thread count never changes a bit of the result.
+// Deterministic without atomics. dQ sums over key tiles, which are split into a fixed number of
+// contiguous groups (a function of the problem, never of the thread count): each group's sum
+// runs over its key tiles in order from zero, and dQ = ((group 0 + group 1) + group 2) ...
+// Every schedule keeps exactly that order, so they all give bitwise-equal results:
+// - whole heads (one task per (batch, head)) when there are enough heads to keep every thread
+//   busy: a task walks the head's key tiles and, for each, the query tiles that see it,
+//   accumulating dK and dV in scratch and its group's dQ in a per-thread (len_q, E) buffer
+//   (4 tile products per tile pair);
+// - key-tile groups (one task per (batch, head, group)) when heads are fewer than threads:
+//   the same walk over one group, its dQ share in a shared buffer, then one task per
+//   (batch, head, query tile) adds the groups' shares in order;
+// - two passes when neither keeps the threads busy: pass 1 gives each task one (batch, head,
+//   key tile) for dK and dV, pass 2 one (batch, head, query tile) for dQ, recomputing Q*K^T and
+//   dO*V^T (7 products).
+// Each dK/dV sum runs over query tiles in order in all three.
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "src/cpu/attention_backward_cpu.cc"
@@ -42,11 +49,15 @@ struct BackwardPlan {
   TileSizes tiles;
   size_t dim_qk_pad, dim_v_pad;  // E and Ev rounded up to the vector length
   std::int64_t q_tiles, k_tiles;
+  std::int64_t dq_groups;  // key-tile groups of the dQ sum (dense); 1 for sparse layouts
   size_t scratch_elems;  // per thread
   T* workspace;
+  T* dq_shares = nullptr;  // whole heads: (threads, 2, len_q, E_pad); key-tile groups:
+                           // (batch * heads, dq_groups, len_q, E_pad)
 
   struct Arrays {
-    T *kt, *vt, *k, *q, *dout, *s, *dp, *dk, *dv, *dk_part, *dv_part, *dq, *delta, *lse;
+    T *kt, *vt, *k, *q, *dout, *s, *dp, *dk, *dv, *dk_part, *dv_part, *dq, *dq_group;
+    T *delta, *lse;
     size_t elems;
   };
   // Lays out one thread's arrays at base (null: only counts them into `elems`).
@@ -66,7 +77,8 @@ struct BackwardPlan {
     a.dv = c.take(bk * dim_v_pad);     // (block_k, Ev_pad) accumulator (pass 1)
     a.dk_part = c.take(bk * dim_qk_pad);  // one query tile's share of dK, then added to a.dk
     a.dv_part = c.take(bk * dim_v_pad);
-    a.dq = c.take(bq * dim_qk_pad);    // (block_q, E_pad) accumulator (pass 2)
+    a.dq = c.take(bq * dim_qk_pad);    // (block_q, E_pad): dQ's sum (pass 2)
+    a.dq_group = c.take(bq * dim_qk_pad);  // (block_q, E_pad): one key-tile group's share
     a.delta = c.take(bq);              // rowsum(dO * O)
     a.lse = c.take(bq);
     a.elems = c.used();
@@ -193,21 +205,35 @@ Rows QueryTileRows(const AttentionParams& p, const BackwardPlan<T>& plan, std::i
   return Rows{nullptr, i0, static_cast<size_t>(std::min(plan.tiles.block_q, p.len_q - i0))};
 }
 
-// dK and dV of key tile j0 (slice b, h), and with_dq: its contribution to dQ, accumulated in
-// place into the dq output (only when the output holds the compute type: IO == T).
+// Key tiles [first, last) of key-tile group g out of `groups` over `tiles` tiles.
+inline void GroupTiles(std::int64_t tiles, std::int64_t groups, std::int64_t g,
+                       std::int64_t* first, std::int64_t* last) {
+  *first = tiles * g / groups;
+  *last = tiles * (g + 1) / groups;
+}
+
+// Whether key tile t is the first of its group.
+inline bool StartsGroup(std::int64_t tiles, std::int64_t groups, std::int64_t t) {
+  for (std::int64_t g = 0; g < groups; ++g) {
+    if (tiles * g / groups == t) return true;
+  }
+  return false;
+}
+
+// dK and dV of key tile j0 (slice b, h), and when dq_share is not null its term of dQ, added
+// into dq_share ((len_q, E_pad), unscaled).
 template <typename T, typename IO>
 void KeyTile(const BackwardPlan<T>& plan, std::int64_t b, std::int64_t h, std::int64_t j0,
-             bool with_dq, const typename BackwardPlan<T>::Arrays& a) {
+             T* dq_share, const typename BackwardPlan<T>::Arrays& a) {
   const AttentionBackwardParams& bp = *plan.bp;
   const AttentionParams& p = bp.fwd;
   const size_t L = VectorLanes<T>();
   const size_t bk = static_cast<size_t>(plan.tiles.block_k);
-  const size_t E = static_cast<size_t>(p.dim_qk);
   const Rows keys = KeyTileRows(p, plan, j0);
   const size_t cols = keys.count, cols_pad = (cols + L - 1) / L * L;
   const SliceMask<T> mask = slice_mask<T>(p, b, h);
 
-  PackKeyTile<T, IO>(p, plan, b, h, keys, cols_pad, /*row_major_k=*/with_dq, a);
+  PackKeyTile<T, IO>(p, plan, b, h, keys, cols_pad, /*row_major_k=*/dq_share != nullptr, a);
   std::fill(a.dk, a.dk + cols * plan.dim_qk_pad, T(0));
   std::fill(a.dv, a.dv + cols * plan.dim_v_pad, T(0));
   for (std::int64_t i0 = FirstQueryTile(p, j0, plan.tiles.block_q); i0 < p.len_q;
@@ -218,46 +244,82 @@ void KeyTile(const BackwardPlan<T>& plan, std::int64_t b, std::int64_t h, std::i
       MaskTile(S, bk, rows.count, cols, pad, i0, j0, mask);
     });
     AccumulateKeyGrads(plan, rows.count, cols, a);
-    if constexpr (std::is_same<T, IO>::value) {
-      if (with_dq && j0 < KeyEnd(p, i0, static_cast<std::int64_t>(rows.count))) {
-        // The running (unscaled) sum lives in the output between key tiles; it is loaded into
-        // the accumulator so the FMA chain is exactly pass 2's.
-        T* dq = static_cast<T*>(bp.dq) + offset4(bp.dq_stride, b, h, 0, 0);
-        PackRows(static_cast<const T*>(dq), rows, bp.dq_stride[2], bp.dq_stride[3], E, T(1),
-                 a.dq, plan.dim_qk_pad, rows.count);
-        Gemm<true>(rows.count, plan.dim_qk_pad, cols, a.dp, bk, 1, a.k, plan.dim_qk_pad, a.dq,
-                   plan.dim_qk_pad);
-        StoreTile(a.dq, plan.dim_qk_pad, rows, E, T(1), dq, bp.dq_stride[2], bp.dq_stride[3]);
-      }
+    if (dq_share != nullptr && j0 < KeyEnd(p, i0, static_cast<std::int64_t>(rows.count))) {
+      Gemm<true>(rows.count, plan.dim_qk_pad, cols, a.dp, bk, 1, a.k, plan.dim_qk_pad,
+                 dq_share + static_cast<size_t>(i0) * plan.dim_qk_pad, plan.dim_qk_pad);
     }
   }
   StoreKeyGrads<T, IO>(bp, plan, b, h, keys, a);
 }
 
-// Single pass: every gradient of one (batch, head) slice.
-template <typename T>
-void HeadTask(void* ctx, std::int64_t task, int thread) {
-  const BackwardPlan<T>& plan = *static_cast<const BackwardPlan<T>*>(ctx);
+// dK, dV and the dQ share (into `share`, (len_q, E_pad)) of key-tile group g of slice (b, h).
+template <typename T, typename IO>
+void KeyTileGroup(const BackwardPlan<T>& plan, std::int64_t b, std::int64_t h, std::int64_t g,
+                  T* share, const typename BackwardPlan<T>::Arrays& a) {
+  const AttentionParams& p = plan.bp->fwd;
+  std::fill(share, share + static_cast<size_t>(p.len_q) * plan.dim_qk_pad, T(0));
+  std::int64_t first, last;
+  GroupTiles(plan.k_tiles, plan.dq_groups, g, &first, &last);
+  for (std::int64_t t = first; t < last; ++t) {
+    KeyTile<T, IO>(plan, b, h, t * plan.tiles.block_k, share, a);
+  }
+}
+
+// Writes dQ of slice (b, h) = scale * sum: the one rounding to the storage type.
+template <typename T, typename IO>
+void StoreQueryGrad(const BackwardPlan<T>& plan, std::int64_t b, std::int64_t h,
+                    const Rows& rows, const T* sum) {
   const AttentionBackwardParams& bp = *plan.bp;
   const AttentionParams& p = bp.fwd;
+  StoreTile(sum, plan.dim_qk_pad, rows, static_cast<size_t>(p.dim_qk), static_cast<T>(p.scale),
+            static_cast<IO*>(bp.dq) + offset4(bp.dq_stride, b, h, 0, 0), bp.dq_stride[2],
+            bp.dq_stride[3]);
+}
+
+// Whole heads: every gradient of one (batch, head) slice.
+template <typename T, typename IO>
+void HeadTask(void* ctx, std::int64_t task, int thread) {
+  const BackwardPlan<T>& plan = *static_cast<const BackwardPlan<T>*>(ctx);
+  const AttentionParams& p = plan.bp->fwd;
   const std::int64_t b = task / p.heads, h = task % p.heads;
   const auto a = plan.thread_arrays(thread);
-  const size_t E = static_cast<size_t>(p.dim_qk);
-  T* dq = static_cast<T*>(bp.dq) + offset4(bp.dq_stride, b, h, 0, 0);
-  for (std::int64_t i = 0; i < p.len_q; ++i) {
-    for (size_t e = 0; e < E; ++e) {
-      dq[i * bp.dq_stride[2] + static_cast<std::int64_t>(e) * bp.dq_stride[3]] = T(0);
-    }
+  const size_t n = static_cast<size_t>(p.len_q) * plan.dim_qk_pad;
+  T* sum = plan.dq_shares + static_cast<size_t>(thread) * 2 * n;
+  T* share = sum + n;
+  KeyTileGroup<T, IO>(plan, b, h, 0, sum, a);
+  for (std::int64_t g = 1; g < plan.dq_groups; ++g) {
+    KeyTileGroup<T, IO>(plan, b, h, g, share, a);
+    AddRow(sum, share, n);
   }
-  for (std::int64_t j0 = 0; j0 < p.len_k; j0 += plan.tiles.block_k) {
-    KeyTile<T, T>(plan, b, h, j0, /*with_dq=*/true, a);
+  StoreQueryGrad<T, IO>(plan, b, h, Rows{nullptr, 0, static_cast<size_t>(p.len_q)}, sum);
+}
+
+// Key-tile groups, step 1: dK and dV of one group's key tiles and the group's dQ share.
+template <typename T, typename IO>
+void GroupTask(void* ctx, std::int64_t task, int thread) {
+  const BackwardPlan<T>& plan = *static_cast<const BackwardPlan<T>*>(ctx);
+  const AttentionParams& p = plan.bp->fwd;
+  const std::int64_t bh = task / plan.dq_groups, g = task % plan.dq_groups;
+  const size_t n = static_cast<size_t>(p.len_q) * plan.dim_qk_pad;
+  KeyTileGroup<T, IO>(plan, bh / p.heads, bh % p.heads, g,
+                      plan.dq_shares + static_cast<size_t>(task) * n, plan.thread_arrays(thread));
+}
+
+// Key-tile groups, step 2: dQ of one query tile, the groups' shares added in order.
+template <typename T, typename IO>
+void GroupSumTask(void* ctx, std::int64_t task, int /*thread*/) {
+  const BackwardPlan<T>& plan = *static_cast<const BackwardPlan<T>*>(ctx);
+  const AttentionParams& p = plan.bp->fwd;
+  const std::int64_t bh = task / plan.q_tiles;
+  const std::int64_t i0 = (task % plan.q_tiles) * plan.tiles.block_q;
+  const Rows rows = QueryTileRows(p, plan, i0);
+  const size_t n = static_cast<size_t>(p.len_q) * plan.dim_qk_pad;
+  const size_t offset = static_cast<size_t>(i0) * plan.dim_qk_pad;
+  T* sum = plan.dq_shares + static_cast<size_t>(bh * plan.dq_groups) * n + offset;
+  for (std::int64_t g = 1; g < plan.dq_groups; ++g) {
+    AddRow(sum, sum + static_cast<size_t>(g) * n, rows.count * plan.dim_qk_pad);
   }
-  const T scale = static_cast<T>(p.scale);
-  for (std::int64_t i = 0; i < p.len_q; ++i) {
-    for (size_t e = 0; e < E; ++e) {
-      dq[i * bp.dq_stride[2] + static_cast<std::int64_t>(e) * bp.dq_stride[3]] *= scale;
-    }
-  }
+  StoreQueryGrad<T, IO>(plan, bh / p.heads, bh % p.heads, rows, sum);
 }
 
 // Pass 1: dK and dV of one key tile.
@@ -269,10 +331,11 @@ void KeyTileTask(void* ctx, std::int64_t task, int thread) {
   const std::int64_t b = bh / p.heads, h = bh % p.heads;
   const std::int64_t j0 = (task % plan.k_tiles) * plan.tiles.block_k;
   const auto a = plan.thread_arrays(thread);
-  KeyTile<T, IO>(plan, b, h, j0, /*with_dq=*/false, a);
+  KeyTile<T, IO>(plan, b, h, j0, nullptr, a);
 }
 
-// Pass 2: dQ of one query tile, over `visits` key tiles: visit(index, &keys, &mask_fn).
+// Pass 2: dQ of one query tile, over `visits` key tiles: visit(keys, mask_fn, starts_group)
+// for each, where starts_group marks the first key tile of a key-tile group.
 template <typename T, typename IO, class Visits>
 HWY_INLINE void QueryTileGrad(const BackwardPlan<T>& plan, std::int64_t b, std::int64_t h,
                               const Rows& rows, const typename BackwardPlan<T>::Arrays& a,
@@ -281,18 +344,27 @@ HWY_INLINE void QueryTileGrad(const BackwardPlan<T>& plan, std::int64_t b, std::
   const AttentionParams& p = bp.fwd;
   const size_t L = VectorLanes<T>();
   const size_t bk = static_cast<size_t>(plan.tiles.block_k);
+  const size_t n = rows.count * plan.dim_qk_pad;
   PackQueryTile<T, IO>(bp, plan, b, h, rows, a);
-  std::fill(a.dq, a.dq + rows.count * plan.dim_qk_pad, T(0));
-  visits([&](const Rows& keys, const auto& mask) {
+  std::fill(a.dq, a.dq + n, T(0));
+  // The first group sums straight into a.dq; each later one into a.dq_group, then added, so the
+  // order is the single pass's: ((group 0 + group 1) + group 2) ...
+  std::int64_t groups_seen = 0;
+  visits([&](const Rows& keys, const auto& mask, bool starts_group) {
+    if (starts_group || groups_seen == 0) {
+      if (groups_seen >= 2) AddRow(a.dq, a.dq_group, n);
+      if (groups_seen >= 1) std::fill(a.dq_group, a.dq_group + n, T(0));
+      ++groups_seen;
+    }
+    T* sum = groups_seen == 1 ? a.dq : a.dq_group;
     const size_t cols_pad = (keys.count + L - 1) / L * L;
     PackKeyTile<T, IO>(p, plan, b, h, keys, cols_pad, /*row_major_k=*/true, a);
     ProbabilitiesAndScoreGrad(plan, rows.count, cols_pad, a, mask);
-    Gemm<true>(rows.count, plan.dim_qk_pad, keys.count, a.dp, bk, 1, a.k, plan.dim_qk_pad, a.dq,
+    Gemm<true>(rows.count, plan.dim_qk_pad, keys.count, a.dp, bk, 1, a.k, plan.dim_qk_pad, sum,
                plan.dim_qk_pad);
   });
-  StoreTile(a.dq, plan.dim_qk_pad, rows, static_cast<size_t>(p.dim_qk), static_cast<T>(p.scale),
-            static_cast<IO*>(bp.dq) + offset4(bp.dq_stride, b, h, 0, 0), bp.dq_stride[2],
-            bp.dq_stride[3]);
+  if (groups_seen >= 2) AddRow(a.dq, a.dq_group, n);
+  StoreQueryGrad<T, IO>(plan, b, h, rows, a.dq);
 }
 
 template <typename T, typename IO>
@@ -310,9 +382,10 @@ void QueryTileTask(void* ctx, std::int64_t task, int thread) {
   QueryTileGrad<T, IO>(plan, b, h, rows, a, [&](const auto& visit) {
     for (std::int64_t j0 = 0; j0 < key_end; j0 += plan.tiles.block_k) {
       const Rows keys = KeyTileRows(p, plan, j0);
-      visit(keys, [&](T* S, size_t pad) {
-        MaskTile(S, bk, rows.count, keys.count, pad, i0, j0, mask);
-      });
+      visit(
+          keys,
+          [&](T* S, size_t pad) { MaskTile(S, bk, rows.count, keys.count, pad, i0, j0, mask); },
+          StartsGroup(plan.k_tiles, plan.dq_groups, j0 / plan.tiles.block_k));
     }
   });
 }
@@ -368,9 +441,10 @@ void SparseQueryTileTask(void* ctx, std::int64_t task, int thread) {
     for (std::int64_t v = lay.fwd_begin[g]; v < lay.fwd_begin[g + 1]; ++v) {
       const Rows keys = LayoutTileRows(lay, lay.fwd_k_tile[v], /*query=*/false);
       const std::uint64_t* words = MaskWords(lay, lay.fwd_mask[v]);
-      visit(keys, [&](T* S, size_t pad) {
-        MaskTileBits(S, bk, rows.count, keys.count, pad, words);
-      });
+      visit(
+          keys,
+          [&](T* S, size_t pad) { MaskTileBits(S, bk, rows.count, keys.count, pad, words); },
+          /*starts_group=*/false);
     }
   });
 }
@@ -417,42 +491,51 @@ Status Backward(const AttentionBackwardParams& bp, const Host& host) {
   }
   plan.scratch_elems = plan.carve(nullptr).elems;
   const int threads = std::max(host.num_threads, 1);
-  const size_t bytes = plan.scratch_elems * sizeof(T) * static_cast<size_t>(threads);
+  const std::int64_t slices = p.batch * p.heads;
+  const size_t share_elems = static_cast<size_t>(p.len_q) * plan.dim_qk_pad;
+  plan.dq_groups = p.layout != nullptr ? 1 : backward_dq_groups(plan.k_tiles);
+  // dQ shares stay under 256 MiB (at 64 threads, whole heads of len_q = 65536, E = 64 would
+  // want 2 GiB; two passes need none).
+  constexpr size_t kMaxShareBytes = size_t{256} << 20;
+  const BackwardSchedule schedule =
+      p.layout != nullptr
+          ? BackwardSchedule::kTwoPasses
+          : choose_backward_schedule(slices, threads, p.dim_qk, p.dim_v, plan.dq_groups,
+                                     share_elems, sizeof(T), kMaxShareBytes);
+  size_t share_total = 0;
+  if (schedule == BackwardSchedule::kWholeHeads) {
+    share_total = static_cast<size_t>(threads) * 2 * share_elems;
+  } else if (schedule == BackwardSchedule::kKeyTileGroups) {
+    share_total = static_cast<size_t>(slices * plan.dq_groups) * share_elems;
+  }
+  const size_t elems = plan.scratch_elems * static_cast<size_t>(threads) + share_total;
+  const size_t bytes = elems * sizeof(T);
   Workspace ws(host);
   if (!ws.allocate(bytes)) {
     return Status::OutOfMemory("attention_backward: the host could not allocate " +
                                std::to_string(bytes) + " bytes of workspace");
   }
   plan.workspace = reinterpret_cast<T*>(ws.data());
-  // Cost in tile products per tile pair: 4 in one pass, 7 in two; one pass runs whole heads,
-  // so with fewer heads than threads some threads would idle.
-  const std::int64_t heads = p.batch * p.heads;
+  plan.dq_shares = plan.workspace + plan.scratch_elems * static_cast<size_t>(threads);
   if (p.layout != nullptr) {
     // Keys and queries outside every tile of a layout get no gradient: start from zeros.
     ZeroSlices<IO>(bp);
-    run_tasks(host, heads * plan.k_tiles, &plan, SparseKeyTileTask<T, IO>);
-    run_tasks(host, heads * plan.q_tiles, &plan, SparseQueryTileTask<T, IO>);
+    run_tasks(host, slices * plan.k_tiles, &plan, SparseKeyTileTask<T, IO>);
+    run_tasks(host, slices * plan.q_tiles, &plan, SparseQueryTileTask<T, IO>);
     return Status::Ok();
   }
-  // The single pass keeps dQ's running sum in the dq output, which a 16-bit output cannot
-  // hold without rounding at every key tile: 16-bit tensors always take the two passes.
-  constexpr bool kCanSinglePass = std::is_same<T, IO>::value;
-  // Cost per (query, key) pair in multiply-adds: one pass does Q*K^T (E), dO*V^T (Ev), dV (Ev),
-  // dK (E) and dQ (E); two passes add Q*K^T and dO*V^T again; each pass also pays the
-  // recomputed exp and softmax gradient (~16 multiply-adds' worth). One pass runs whole heads,
-  // so with fewer heads than threads some threads idle: at SAGAN 64x64 (one head, E=8,
-  // Ev=64, 2 cores) two passes cost 128 per pair per thread against one pass's 168.
-  const double E = static_cast<double>(p.dim_qk), Ev = static_cast<double>(p.dim_v);
-  constexpr double kSoftmaxCost = 16.0;
-  const double single_pass = (3.0 * E + 2.0 * Ev + kSoftmaxCost) *
-                             static_cast<double>((heads + threads - 1) / threads);
-  const double two_pass =
-      (4.0 * E + 3.0 * Ev + 2.0 * kSoftmaxCost) * static_cast<double>(heads) / threads;
-  if (kCanSinglePass && single_pass <= two_pass) {
-    if constexpr (kCanSinglePass) run_tasks(host, heads, &plan, HeadTask<T>);
-  } else {
-    run_tasks(host, heads * plan.k_tiles, &plan, KeyTileTask<T, IO>);
-    run_tasks(host, heads * plan.q_tiles, &plan, QueryTileTask<T, IO>);
+  switch (schedule) {
+    case BackwardSchedule::kWholeHeads:
+      run_tasks(host, slices, &plan, HeadTask<T, IO>);
+      break;
+    case BackwardSchedule::kKeyTileGroups:
+      run_tasks(host, slices * plan.dq_groups, &plan, GroupTask<T, IO>);
+      run_tasks(host, slices * plan.q_tiles, &plan, GroupSumTask<T, IO>);
+      break;
+    case BackwardSchedule::kTwoPasses:
+      run_tasks(host, slices * plan.k_tiles, &plan, KeyTileTask<T, IO>);
+      run_tasks(host, slices * plan.q_tiles, &plan, QueryTileTask<T, IO>);
+      break;
   }
   return Status::Ok();
 }

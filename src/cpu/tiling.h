@@ -18,6 +18,20 @@ struct TileSizes {
 TileSizes choose_tiles(std::int64_t len_q, std::int64_t len_k, std::int64_t dim_qk,
                        std::int64_t dim_v, std::size_t elem_bytes, std::size_t granule);
 
+// How the dense backward is split into tasks (attention_backward_cpu.cc explains each); all give
+// bitwise-equal results, so the choice is free to depend on the thread count.
+enum class BackwardSchedule { kWholeHeads, kKeyTileGroups, kTwoPasses };
+
+// Key-tile groups of the dense backward's dQ sum: up to 8, a function of the problem only.
+std::int64_t backward_dq_groups(std::int64_t k_tiles);
+
+// The cheapest schedule whose dQ buffers fit in max_share_bytes; slices = batch * heads,
+// share_elems = len_q * E_pad (one (batch, head) slice's dQ share).
+BackwardSchedule choose_backward_schedule(std::int64_t slices, int threads, std::int64_t dim_qk,
+                                          std::int64_t dim_v, std::int64_t dq_groups,
+                                          std::size_t share_elems, std::size_t elem_bytes,
+                                          std::size_t max_share_bytes);
+
 inline std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
 
 }  // namespace cpu

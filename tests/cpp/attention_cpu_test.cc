@@ -203,19 +203,26 @@ TEST_P(CpuAttention, BitwiseDeterministicAcrossRunsAndThreadCounts) {
   }
 }
 
-// One thread runs the single-pass backward (whole heads); four threads on two heads run the
-// two-pass one. Both must agree to the bit, including the causal edge where a query tile sees a
-// key tile that is entirely masked for it (Lk > Lq).
+// One thread runs the backward by whole heads. Four threads on two heads of two key tiles run it
+// by key-tile groups; on one head of one key tile (and three query tiles), in two passes. All
+// must agree to the bit, including the causal edge where a query tile sees a key tile that is
+// entirely masked for it (Lk > Lq).
 TEST_P(CpuAttention, BackwardSchedulesAgreeBitwise) {
-  for (bool causal : {false, true}) {
-    const auto pr = make_problem<float>(1, 2, 150, 333, 12, 20, Layout::kChannelsFirst, 850,
-                                        MaskKind::kAdditive, {false, true, false, false}, causal);
-    const Result<float> one = run(pr, Backend::kCpu, serial_host());
-    const Result<float> four = run(pr, Backend::kCpu, thread_host(4));
-    EXPECT_EQ(0, std::memcmp(one.dq.data.data(), four.dq.data.data(), one.dq.data.size() * 4));
-    EXPECT_EQ(0, std::memcmp(one.dk.data.data(), four.dk.data.data(), one.dk.data.size() * 4));
-    EXPECT_EQ(0, std::memcmp(one.dv.data.data(), four.dv.data.data(), one.dv.data.size() * 4));
-    expect_matches_reference(pr, causal ? "causal" : "not causal");
+  struct Shape {
+    std::int64_t heads, len_q, len_k;
+  };
+  for (const Shape& shape : {Shape{2, 150, 333}, Shape{1, 600, 200}}) {
+    for (bool causal : {false, true}) {
+      const auto pr = make_problem<float>(1, shape.heads, shape.len_q, shape.len_k, 12, 20,
+                                          Layout::kChannelsFirst, 850, MaskKind::kAdditive,
+                                          {false, true, false, false}, causal);
+      const Result<float> one = run(pr, Backend::kCpu, serial_host());
+      const Result<float> four = run(pr, Backend::kCpu, thread_host(4));
+      EXPECT_EQ(0, std::memcmp(one.dq.data.data(), four.dq.data.data(), one.dq.data.size() * 4));
+      EXPECT_EQ(0, std::memcmp(one.dk.data.data(), four.dk.data.data(), one.dk.data.size() * 4));
+      EXPECT_EQ(0, std::memcmp(one.dv.data.data(), four.dv.data.data(), one.dv.data.size() * 4));
+      expect_matches_reference(pr, causal ? "causal" : "not causal");
+    }
   }
 }
 
