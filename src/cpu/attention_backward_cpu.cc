@@ -15,7 +15,9 @@
 // - two passes when neither keeps the threads busy: pass 1 gives each task one (batch, head,
 //   key tile) for dK and dV, pass 2 one (batch, head, query tile) for dQ, recomputing Q*K^T and
 //   dO*V^T (7 products).
-// Each dK/dV sum runs over query tiles in order in all three.
+// Each dK/dV sum runs over query tiles in order in all three. Sparse layouts take the same
+// schedules over each head's own key tiles; their query rows are gathered, so each dQ term is
+// formed apart and added (in every schedule alike).
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "src/cpu/attention_backward_cpu.cc"
@@ -49,14 +51,15 @@ struct BackwardPlan {
   TileSizes tiles;
   size_t dim_qk_pad, dim_v_pad;  // E and Ev rounded up to the vector length
   std::int64_t q_tiles, k_tiles;
-  std::int64_t dq_groups;  // key-tile groups of the dQ sum (dense); 1 for sparse layouts
+  std::int64_t dq_groups;  // key-tile groups of the dQ sum
+  std::int64_t sum_chunks;  // runs of block_q rows in which the groups' dQ shares are summed
   size_t scratch_elems;  // per thread
   T* workspace;
   T* dq_shares = nullptr;  // whole heads: (threads, 2, len_q, E_pad); key-tile groups:
                            // (batch * heads, dq_groups, len_q, E_pad)
 
   struct Arrays {
-    T *kt, *vt, *k, *q, *dout, *s, *dp, *dk, *dv, *dk_part, *dv_part, *dq, *dq_group;
+    T *kt, *vt, *k, *q, *dout, *s, *dp, *dk, *dv, *dk_part, *dv_part, *dq, *dq_group, *dq_term;
     T *delta, *lse;
     size_t elems;
   };
@@ -79,6 +82,7 @@ struct BackwardPlan {
     a.dv_part = c.take(bk * dim_v_pad);
     a.dq = c.take(bq * dim_qk_pad);    // (block_q, E_pad): dQ's sum (pass 2)
     a.dq_group = c.take(bq * dim_qk_pad);  // (block_q, E_pad): one key-tile group's share
+    a.dq_term = c.take(bq * dim_qk_pad);   // (block_q, E_pad): one sparse visit's dQ term
     a.delta = c.take(bq);              // rowsum(dO * O)
     a.lse = c.take(bq);
     a.elems = c.used();
@@ -212,12 +216,11 @@ inline void GroupTiles(std::int64_t tiles, std::int64_t groups, std::int64_t g,
   *last = tiles * (g + 1) / groups;
 }
 
-// Whether key tile t is the first of its group.
-inline bool StartsGroup(std::int64_t tiles, std::int64_t groups, std::int64_t t) {
-  for (std::int64_t g = 0; g < groups; ++g) {
-    if (tiles * g / groups == t) return true;
-  }
-  return false;
+// The key-tile group that tile t falls in.
+inline std::int64_t GroupOf(std::int64_t tiles, std::int64_t groups, std::int64_t t) {
+  std::int64_t g = 0;
+  while (g + 1 < groups && tiles * (g + 1) / groups <= t) ++g;
+  return g;
 }
 
 // dK and dV of key tile j0 (slice b, h), and when dq_share is not null its term of dQ, added
@@ -252,6 +255,63 @@ void KeyTile(const BackwardPlan<T>& plan, std::int64_t b, std::int64_t h, std::i
   StoreKeyGrads<T, IO>(bp, plan, b, h, keys, a);
 }
 
+// dK and dV of key tile `local` of head h's layout, over the query tiles that visit it, and
+// when dq_share is not null its terms of dQ, added into dq_share ((len_q, E_pad), unscaled). The
+// query rows are gathered, so each visit's term is formed apart and then added to its rows.
+template <typename T, typename IO>
+void SparseKeyTile(const BackwardPlan<T>& plan, std::int64_t b, std::int64_t h,
+                   std::int64_t local, T* dq_share, const typename BackwardPlan<T>::Arrays& a) {
+  const AttentionBackwardParams& bp = *plan.bp;
+  const AttentionParams& p = bp.fwd;
+  const SparseLayout& lay = *p.layout;
+  const size_t L = VectorLanes<T>();
+  const size_t bk = static_cast<size_t>(plan.tiles.block_k);
+  std::int64_t g;
+  Rows keys;
+  if (!LayoutTile(lay, h, local, /*query=*/false, &g, &keys)) return;
+  const size_t cols = keys.count, cols_pad = (cols + L - 1) / L * L;
+  PackKeyTile<T, IO>(p, plan, b, h, keys, cols_pad, /*row_major_k=*/dq_share != nullptr, a);
+  std::fill(a.dk, a.dk + cols * plan.dim_qk_pad, T(0));
+  std::fill(a.dv, a.dv + cols * plan.dim_v_pad, T(0));
+  for (std::int64_t visit = lay.bwd_begin[g]; visit < lay.bwd_begin[g + 1]; ++visit) {
+    const Rows rows = LayoutTileRows(lay, lay.bwd_q_tile[visit], /*query=*/true);
+    const std::uint64_t* words = MaskWords(lay, lay.bwd_mask[visit]);
+    PackQueryTile<T, IO>(bp, plan, b, h, rows, a);
+    ProbabilitiesAndScoreGrad(plan, rows.count, cols_pad, a, [&](T* S, size_t pad) {
+      MaskTileBits(S, bk, rows.count, cols, pad, words);
+    });
+    AccumulateKeyGrads(plan, rows.count, cols, a);
+    if (dq_share != nullptr) {
+      Gemm<false>(rows.count, plan.dim_qk_pad, cols, a.dp, bk, 1, a.k, plan.dim_qk_pad,
+                  a.dq_term, plan.dim_qk_pad);
+      for (size_t r = 0; r < rows.count; ++r) {
+        AddRow(dq_share + static_cast<size_t>(rows[r]) * plan.dim_qk_pad,
+               a.dq_term + r * plan.dim_qk_pad, plan.dim_qk_pad);
+      }
+    }
+  }
+  StoreKeyGrads<T, IO>(bp, plan, b, h, keys, a);
+}
+
+// Sparse pass 1: dK and dV of one key tile of the head's layout.
+template <typename T, typename IO>
+void SparseKeyTileTask(void* ctx, std::int64_t task, int thread) {
+  const BackwardPlan<T>& plan = *static_cast<const BackwardPlan<T>*>(ctx);
+  const std::int64_t bh = task / plan.k_tiles;
+  const std::int64_t heads = plan.bp->fwd.heads;
+  SparseKeyTile<T, IO>(plan, bh / heads, bh % heads, task % plan.k_tiles, nullptr,
+                       plan.thread_arrays(thread));
+}
+
+// Key tiles of slice (b, h): the dense grid's, or the head's own layout tiles.
+template <typename T>
+std::int64_t KeyTilesOf(const BackwardPlan<T>& plan, std::int64_t h) {
+  const SparseLayout* lay = plan.bp->fwd.layout;
+  if (lay == nullptr) return plan.k_tiles;
+  const std::int64_t layout = lay->head_layout[h];
+  return lay->k_tile_begin[layout + 1] - lay->k_tile_begin[layout];
+}
+
 // dK, dV and the dQ share (into `share`, (len_q, E_pad)) of key-tile group g of slice (b, h).
 template <typename T, typename IO>
 void KeyTileGroup(const BackwardPlan<T>& plan, std::int64_t b, std::int64_t h, std::int64_t g,
@@ -259,9 +319,13 @@ void KeyTileGroup(const BackwardPlan<T>& plan, std::int64_t b, std::int64_t h, s
   const AttentionParams& p = plan.bp->fwd;
   std::fill(share, share + static_cast<size_t>(p.len_q) * plan.dim_qk_pad, T(0));
   std::int64_t first, last;
-  GroupTiles(plan.k_tiles, plan.dq_groups, g, &first, &last);
+  GroupTiles(KeyTilesOf(plan, h), plan.dq_groups, g, &first, &last);
   for (std::int64_t t = first; t < last; ++t) {
-    KeyTile<T, IO>(plan, b, h, t * plan.tiles.block_k, share, a);
+    if (p.layout != nullptr) {
+      SparseKeyTile<T, IO>(plan, b, h, t, share, a);
+    } else {
+      KeyTile<T, IO>(plan, b, h, t * plan.tiles.block_k, share, a);
+    }
   }
 }
 
@@ -310,8 +374,8 @@ template <typename T, typename IO>
 void GroupSumTask(void* ctx, std::int64_t task, int /*thread*/) {
   const BackwardPlan<T>& plan = *static_cast<const BackwardPlan<T>*>(ctx);
   const AttentionParams& p = plan.bp->fwd;
-  const std::int64_t bh = task / plan.q_tiles;
-  const std::int64_t i0 = (task % plan.q_tiles) * plan.tiles.block_q;
+  const std::int64_t bh = task / plan.sum_chunks;
+  const std::int64_t i0 = (task % plan.sum_chunks) * plan.tiles.block_q;
   const Rows rows = QueryTileRows(p, plan, i0);
   const size_t n = static_cast<size_t>(p.len_q) * plan.dim_qk_pad;
   const size_t offset = static_cast<size_t>(i0) * plan.dim_qk_pad;
@@ -334,8 +398,8 @@ void KeyTileTask(void* ctx, std::int64_t task, int thread) {
   KeyTile<T, IO>(plan, b, h, j0, nullptr, a);
 }
 
-// Pass 2: dQ of one query tile, over `visits` key tiles: visit(keys, mask_fn, starts_group)
-// for each, where starts_group marks the first key tile of a key-tile group.
+// Pass 2: dQ of one query tile, over `visits` key tiles: visit(keys, mask_fn, group) for each,
+// group being the key tile's key-tile group (ascending).
 template <typename T, typename IO, class Visits>
 HWY_INLINE void QueryTileGrad(const BackwardPlan<T>& plan, std::int64_t b, std::int64_t h,
                               const Rows& rows, const typename BackwardPlan<T>::Arrays& a,
@@ -347,21 +411,29 @@ HWY_INLINE void QueryTileGrad(const BackwardPlan<T>& plan, std::int64_t b, std::
   const size_t n = rows.count * plan.dim_qk_pad;
   PackQueryTile<T, IO>(bp, plan, b, h, rows, a);
   std::fill(a.dq, a.dq + n, T(0));
-  // The first group sums straight into a.dq; each later one into a.dq_group, then added, so the
-  // order is the single pass's: ((group 0 + group 1) + group 2) ...
-  std::int64_t groups_seen = 0;
-  visits([&](const Rows& keys, const auto& mask, bool starts_group) {
-    if (starts_group || groups_seen == 0) {
+  // The first group sums into a.dq; each later one into a.dq_group, then added, so the order
+  // is the one-pass schedules': ((group 0 + group 1) + group 2) ... A sparse visit forms its
+  // term apart and adds it, as the one-pass walk must for its gathered rows.
+  std::int64_t groups_seen = 0, current = -1;
+  visits([&](const Rows& keys, const auto& mask, std::int64_t group) {
+    if (group != current) {
       if (groups_seen >= 2) AddRow(a.dq, a.dq_group, n);
       if (groups_seen >= 1) std::fill(a.dq_group, a.dq_group + n, T(0));
       ++groups_seen;
+      current = group;
     }
     T* sum = groups_seen == 1 ? a.dq : a.dq_group;
     const size_t cols_pad = (keys.count + L - 1) / L * L;
     PackKeyTile<T, IO>(p, plan, b, h, keys, cols_pad, /*row_major_k=*/true, a);
     ProbabilitiesAndScoreGrad(plan, rows.count, cols_pad, a, mask);
-    Gemm<true>(rows.count, plan.dim_qk_pad, keys.count, a.dp, bk, 1, a.k, plan.dim_qk_pad, sum,
-               plan.dim_qk_pad);
+    if (p.layout != nullptr) {
+      Gemm<false>(rows.count, plan.dim_qk_pad, keys.count, a.dp, bk, 1, a.k, plan.dim_qk_pad,
+                  a.dq_term, plan.dim_qk_pad);
+      AddRow(sum, a.dq_term, n);
+    } else {
+      Gemm<true>(rows.count, plan.dim_qk_pad, keys.count, a.dp, bk, 1, a.k, plan.dim_qk_pad,
+                 sum, plan.dim_qk_pad);
+    }
   });
   if (groups_seen >= 2) AddRow(a.dq, a.dq_group, n);
   StoreQueryGrad<T, IO>(plan, b, h, rows, a.dq);
@@ -385,42 +457,9 @@ void QueryTileTask(void* ctx, std::int64_t task, int thread) {
       visit(
           keys,
           [&](T* S, size_t pad) { MaskTile(S, bk, rows.count, keys.count, pad, i0, j0, mask); },
-          StartsGroup(plan.k_tiles, plan.dq_groups, j0 / plan.tiles.block_k));
+          GroupOf(plan.k_tiles, plan.dq_groups, j0 / plan.tiles.block_k));
     }
   });
-}
-
-// Sparse pass 1: dK and dV of one key tile of the head's layout, over the query tiles that
-// visit it.
-template <typename T, typename IO>
-void SparseKeyTileTask(void* ctx, std::int64_t task, int thread) {
-  const BackwardPlan<T>& plan = *static_cast<const BackwardPlan<T>*>(ctx);
-  const AttentionBackwardParams& bp = *plan.bp;
-  const AttentionParams& p = bp.fwd;
-  const SparseLayout& lay = *p.layout;
-  const size_t L = VectorLanes<T>();
-  const size_t bk = static_cast<size_t>(plan.tiles.block_k);
-  std::int64_t b, h, g;
-  Rows keys;
-  if (!SparseTaskTile(lay, p.heads, plan.k_tiles, task, /*query=*/false, &b, &h, &g,
-                      &keys)) {
-    return;
-  }
-  const auto a = plan.thread_arrays(thread);
-  const size_t cols = keys.count, cols_pad = (cols + L - 1) / L * L;
-  PackKeyTile<T, IO>(p, plan, b, h, keys, cols_pad, /*row_major_k=*/false, a);
-  std::fill(a.dk, a.dk + cols * plan.dim_qk_pad, T(0));
-  std::fill(a.dv, a.dv + cols * plan.dim_v_pad, T(0));
-  for (std::int64_t visit = lay.bwd_begin[g]; visit < lay.bwd_begin[g + 1]; ++visit) {
-    const Rows rows = LayoutTileRows(lay, lay.bwd_q_tile[visit], /*query=*/true);
-    const std::uint64_t* words = MaskWords(lay, lay.bwd_mask[visit]);
-    PackQueryTile<T, IO>(bp, plan, b, h, rows, a);
-    ProbabilitiesAndScoreGrad(plan, rows.count, cols_pad, a, [&](T* S, size_t pad) {
-      MaskTileBits(S, bk, rows.count, cols, pad, words);
-    });
-    AccumulateKeyGrads(plan, rows.count, cols, a);
-  }
-  StoreKeyGrads<T, IO>(bp, plan, b, h, keys, a);
 }
 
 // Sparse pass 2: dQ of one query tile of the head's layout, over its visit list.
@@ -437,6 +476,8 @@ void SparseQueryTileTask(void* ctx, std::int64_t task, int thread) {
     return;
   }
   const auto a = plan.thread_arrays(thread);
+  const std::int64_t first_key_tile = lay.k_tile_begin[lay.head_layout[h]];
+  const std::int64_t key_tiles = KeyTilesOf(plan, h);
   QueryTileGrad<T, IO>(plan, b, h, rows, a, [&](const auto& visit) {
     for (std::int64_t v = lay.fwd_begin[g]; v < lay.fwd_begin[g + 1]; ++v) {
       const Rows keys = LayoutTileRows(lay, lay.fwd_k_tile[v], /*query=*/false);
@@ -444,7 +485,7 @@ void SparseQueryTileTask(void* ctx, std::int64_t task, int thread) {
       visit(
           keys,
           [&](T* S, size_t pad) { MaskTileBits(S, bk, rows.count, keys.count, pad, words); },
-          /*starts_group=*/false);
+          GroupOf(key_tiles, plan.dq_groups, lay.fwd_k_tile[v] - first_key_tile));
     }
   });
 }
@@ -493,15 +534,14 @@ Status Backward(const AttentionBackwardParams& bp, const Host& host) {
   const int threads = std::max(host.num_threads, 1);
   const std::int64_t slices = p.batch * p.heads;
   const size_t share_elems = static_cast<size_t>(p.len_q) * plan.dim_qk_pad;
-  plan.dq_groups = p.layout != nullptr ? 1 : backward_dq_groups(plan.k_tiles);
+  plan.dq_groups = backward_dq_groups(plan.k_tiles);
+  plan.sum_chunks = (p.len_q + plan.tiles.block_q - 1) / plan.tiles.block_q;
   // dQ shares stay under 256 MiB (at 64 threads, whole heads of len_q = 65536, E = 64 would
   // want 2 GiB; two passes need none).
   constexpr size_t kMaxShareBytes = size_t{256} << 20;
   const BackwardSchedule schedule =
-      p.layout != nullptr
-          ? BackwardSchedule::kTwoPasses
-          : choose_backward_schedule(slices, threads, p.dim_qk, p.dim_v, plan.dq_groups,
-                                     share_elems, sizeof(T), kMaxShareBytes);
+      choose_backward_schedule(slices, threads, p.dim_qk, p.dim_v, plan.dq_groups, share_elems,
+                               sizeof(T), kMaxShareBytes);
   size_t share_total = 0;
   if (schedule == BackwardSchedule::kWholeHeads) {
     share_total = static_cast<size_t>(threads) * 2 * share_elems;
@@ -520,21 +560,21 @@ Status Backward(const AttentionBackwardParams& bp, const Host& host) {
   if (p.layout != nullptr) {
     // Keys and queries outside every tile of a layout get no gradient: start from zeros.
     ZeroSlices<IO>(bp);
-    run_tasks(host, slices * plan.k_tiles, &plan, SparseKeyTileTask<T, IO>);
-    run_tasks(host, slices * plan.q_tiles, &plan, SparseQueryTileTask<T, IO>);
-    return Status::Ok();
   }
+  const bool sparse = p.layout != nullptr;
   switch (schedule) {
     case BackwardSchedule::kWholeHeads:
       run_tasks(host, slices, &plan, HeadTask<T, IO>);
       break;
     case BackwardSchedule::kKeyTileGroups:
       run_tasks(host, slices * plan.dq_groups, &plan, GroupTask<T, IO>);
-      run_tasks(host, slices * plan.q_tiles, &plan, GroupSumTask<T, IO>);
+      run_tasks(host, slices * plan.sum_chunks, &plan, GroupSumTask<T, IO>);
       break;
     case BackwardSchedule::kTwoPasses:
-      run_tasks(host, slices * plan.k_tiles, &plan, KeyTileTask<T, IO>);
-      run_tasks(host, slices * plan.q_tiles, &plan, QueryTileTask<T, IO>);
+      run_tasks(host, slices * plan.k_tiles, &plan,
+                sparse ? SparseKeyTileTask<T, IO> : KeyTileTask<T, IO>);
+      run_tasks(host, slices * plan.q_tiles, &plan,
+                sparse ? SparseQueryTileTask<T, IO> : QueryTileTask<T, IO>);
       break;
   }
   return Status::Ok();

@@ -171,6 +171,23 @@ void expect_sparse_matches_dense(std::int64_t B, std::int64_t H, std::int64_t Lq
   for (size_t r = 0; r < ours.lse.size(); ++r) {
     if (std::isinf(oracle.lse[r])) EXPECT_EQ(ours.lse[r], oracle.lse[r]);  // fully masked row
   }
+  // Other thread counts pick other schedules (whole heads, key-tile groups, two passes); every
+  // one must give the same bits.
+  for (int threads : {1, 3, 4, 16}) {
+    Result<T> other;
+    other.dq = make_tensor<T>({B, H, Lq, E}, Layout::kContiguous);
+    other.dk = make_tensor<T>({B, H, Lk, E}, Layout::kContiguous);
+    other.dv = make_tensor<T>({B, H, Lk, Ev}, Layout::kContiguous);
+    AttentionBackwardParams ob = bp;
+    ob.dq = other.dq.data.data(), ob.dk = other.dk.data.data(), ob.dv = other.dv.data.data();
+    ASSERT_TRUE(attention_backward(ob, threads == 1 ? serial_host() : thread_host(threads)).ok());
+    auto same = [](const Tensor4<T>& x, const Tensor4<T>& y) {
+      return std::memcmp(x.data.data(), y.data.data(), x.data.size() * sizeof(T)) == 0;
+    };
+    EXPECT_TRUE(same(ours.dq, other.dq)) << threads << " threads";
+    EXPECT_TRUE(same(ours.dk, other.dk)) << threads << " threads";
+    EXPECT_TRUE(same(ours.dv, other.dv)) << threads << " threads";
+  }
 }
 
 TEST_P(SparseAttention, RandomLayoutsMatchTheDenseMaskOracle) {
