@@ -322,6 +322,30 @@ HWY_INLINE void PackRows(const IO* HWY_RESTRICT base, const Rows& rows, std::int
   }
 }
 
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+// dst[c * ld + r] = src[r][c0 + c] for an 8 x 8 block of floats, in registers (AVX2 and
+// AVX-512 targets): the scalar walk took 6% of the d = 64 forward, one store per element.
+HWY_INLINE void Transpose8x8(const float* const* src, size_t c0, float* HWY_RESTRICT dst,
+                             size_t ld) {
+  __m256 r[8], t[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src[i] + c0);
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);      // a0 b0 a1 b1 | a4 b4 a5 b5
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);  // a2 b2 a3 b3 | a6 b6 a7 b7
+  }
+  for (int i = 0; i < 8; i += 4) {
+    r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);      // a0 b0 c0 d0 | a4 b4 c4 d4
+    r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);  // a1 b1 c1 d1 | a5 ...
+    r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);  // a2 ... | a6 ...
+    r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);  // a3 ... | a7 ...
+  }
+  for (int i = 0; i < 4; ++i) {
+    _mm256_storeu_ps(dst + i * ld, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+    _mm256_storeu_ps(dst + (i + 4) * ld, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+  }
+}
+#endif
+
 // dst[c * ld + r] = element(r, c) for r < rows.count, c < cols; zero for r in
 // [rows.count, rows_pad).
 template <typename T, typename IO>
@@ -346,6 +370,14 @@ HWY_INLINE void PackTransposed(const IO* HWY_RESTRICT base, const Rows& rows, st
       for (size_t r = r0; r < r1; ++r) src[r - r0] = base + rows[r] * rs;
       for (size_t c0 = 0; c0 < cols; c0 += kBlock) {
         const size_t c1 = std::min(cols, c0 + kBlock);
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+        if constexpr (std::is_same<T, float>::value && std::is_same<IO, float>::value) {
+          if (cs == 1 && r1 - r0 == kBlock && c1 - c0 == kBlock) {
+            Transpose8x8(src, c0, dst + c0 * ld + r0, ld);
+            continue;
+          }
+        }
+#endif
         for (size_t c = c0; c < c1; ++c) {
           T* o = dst + c * ld;
           const std::int64_t off = static_cast<std::int64_t>(c) * cs;
