@@ -8,7 +8,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "attn2d/attention_params.h"
 #include "attn2d/host.h"
@@ -16,6 +19,7 @@
 #include "core/strided.h"
 #include "core/workspace.h"
 #include "cpu/attention_cpu.h"
+#include "cpu/bf16_pairs_avx512.h"
 #include "cpu/scratch.h"
 #include "cpu/tile_ops-inl.h"
 #include "cpu/tiling.h"
@@ -34,6 +38,10 @@ struct ForwardPlan {
   std::int64_t q_tiles;
   size_t scratch_elems;  // per thread
   T* workspace;
+  // bf16 tensors on a CPU with AVX512-BF16: q, K^T and V are packed as bf16 pairs (in the same
+  // arrays, which are at least as large), S = Q K^T and acc += P V run on VDPBF16PS, and P is
+  // rounded to bf16 once, as naive bf16 attention rounds it.
+  bool native_bf16 = false;
 
   struct Arrays {
     T *q, *kt, *v, *s, *acc, *m, *l;
@@ -86,18 +94,137 @@ HWY_INLINE void FinishQueryTile(const AttentionParams& p, const ForwardPlan<T>& 
   }
 }
 
+#if defined(ATTN2D_HAVE_AVX512_BF16) && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL)
+#define ATTN2D_NATIVE_BF16 1
+
+inline std::uint32_t Bf16Pair(BFloat16 lo, BFloat16 hi) {
+  return static_cast<std::uint32_t>(lo.bits) | static_cast<std::uint32_t>(hi.bits) << 16;
+}
+
+// Element c of row r, or 0 past the width: a pair's missing high half when the width is odd.
+inline BFloat16 ElementOrZero(const BFloat16* row, std::int64_t cs, size_t c, size_t width) {
+  return c < width ? row[static_cast<std::int64_t>(c) * cs] : BFloat16{0};
+}
+
+// dst[r * W + w] = (q[r][2w], q[r][2w + 1]) for the tile's rows, W = ceil(E / 2).
+inline void PackQueryPairs(const BFloat16* base, const Rows& rows, std::int64_t rs,
+                           std::int64_t cs, size_t E, std::uint32_t* dst) {
+  const size_t W = (E + 1) / 2;
+  for (size_t r = 0; r < rows.count; ++r) {
+    const BFloat16* s = base + rows[r] * rs;
+    if (cs == 1 && E % 2 == 0) {
+      std::memcpy(dst + r * W, s, E * sizeof(BFloat16));
+      continue;
+    }
+    for (size_t w = 0; w < W; ++w) {
+      dst[r * W + w] = Bf16Pair(ElementOrZero(s, cs, 2 * w, E), ElementOrZero(s, cs, 2 * w + 1, E));
+    }
+  }
+}
+
+// dst[w * ld + n] = (k[n][2w], k[n][2w + 1]); zero for n in [keys.count, cols_pad). Rows of an
+// even width, stored contiguously at 4-byte alignment, are already pair words: transposed as
+// floats (bit moves only).
+inline void PackKeyPairsTransposed(const BFloat16* base, const Rows& keys, std::int64_t rs,
+                                   std::int64_t cs, size_t E, std::uint32_t* dst, size_t ld,
+                                   size_t cols_pad) {
+  const size_t W = (E + 1) / 2;
+  if (cs == 1 && E % 2 == 0 && rs % 2 == 0 && reinterpret_cast<std::uintptr_t>(base) % 4 == 0) {
+    PackTransposed<float, float>(reinterpret_cast<const float*>(base), keys, rs / 2, 1, W,
+                                 reinterpret_cast<float*>(dst), ld, cols_pad);
+    return;
+  }
+  for (size_t n = 0; n < keys.count; ++n) {
+    const BFloat16* s = base + keys[n] * rs;
+    for (size_t w = 0; w < W; ++w) {
+      dst[w * ld + n] = Bf16Pair(ElementOrZero(s, cs, 2 * w, E), ElementOrZero(s, cs, 2 * w + 1, E));
+    }
+  }
+  for (size_t w = 0; w < W; ++w) {
+    for (size_t n = keys.count; n < cols_pad; ++n) dst[w * ld + n] = 0;
+  }
+}
+
+// dst[j * ld + e] = (v[2j][e], v[2j + 1][e]) for j < cols_pad / 2; zero past the keys and for e
+// in [Ev, ld).
+inline void PackValuePairs(const BFloat16* base, const Rows& keys, std::int64_t rs,
+                           std::int64_t cs, size_t Ev, std::uint32_t* dst, size_t ld,
+                           size_t cols_pad) {
+  for (size_t j = 0; j < cols_pad / 2; ++j) {
+    std::uint32_t* o = dst + j * ld;
+    const size_t r0 = 2 * j, r1 = 2 * j + 1;
+    if (r0 >= keys.count) {
+      std::fill(o, o + ld, 0u);
+      continue;
+    }
+    const BFloat16* a = base + keys[r0] * rs;
+    const BFloat16* b = r1 < keys.count ? base + keys[r1] * rs : nullptr;
+    if (cs == 1) {
+      interleave_bf16_rows(&a->bits, b == nullptr ? nullptr : &b->bits, Ev, o);
+    } else {
+      for (size_t e = 0; e < Ev; ++e) {
+        o[e] = Bf16Pair(a[static_cast<std::int64_t>(e) * cs],
+                        b == nullptr ? BFloat16{0} : b[static_cast<std::int64_t>(e) * cs]);
+      }
+    }
+    std::fill(o + Ev, o + ld, 0u);
+  }
+}
+#endif
+
 // Packs the query tile and resets the online-softmax state.
 template <typename T, typename IO>
 HWY_INLINE void StartQueryTile(const AttentionParams& p, const ForwardPlan<T>& plan,
                                std::int64_t b, std::int64_t h, const Rows& rows,
                                const typename ForwardPlan<T>::Arrays& a) {
   const size_t E = static_cast<size_t>(p.dim_qk);
-  PackRows(static_cast<const IO*>(p.q) + offset4(p.q_stride, b, h, 0, 0), rows, p.q_stride[2],
-           p.q_stride[3], E, static_cast<T>(p.scale), a.q, E, rows.count);
+  const IO* q = static_cast<const IO*>(p.q) + offset4(p.q_stride, b, h, 0, 0);
+#if defined(ATTN2D_NATIVE_BF16)
+  if constexpr (std::is_same<IO, BFloat16>::value) {
+    if (plan.native_bf16) {
+      PackQueryPairs(q, rows, p.q_stride[2], p.q_stride[3], E,
+                     reinterpret_cast<std::uint32_t*>(a.q));
+    }
+  }
+  if (!plan.native_bf16)
+#endif
+  {
+    PackRows(q, rows, p.q_stride[2], p.q_stride[3], E, static_cast<T>(p.scale), a.q, E,
+             rows.count);
+  }
   std::fill(a.acc, a.acc + rows.count * plan.dim_v_pad, T(0));
   std::fill(a.m, a.m + rows.count, -std::numeric_limits<T>::infinity());
   std::fill(a.l, a.l + rows.count, T(0));
 }
+
+#if defined(ATTN2D_NATIVE_BF16)
+// VisitKeyTile on VDPBF16PS: S = scale * (Q K^T), mask, online softmax, P rounded to bf16 pairs
+// in place, acc += P V.
+template <typename T, class MaskFn>
+HWY_INLINE void VisitKeyTileBf16(const AttentionParams& p, const ForwardPlan<T>& plan,
+                                 std::int64_t b, std::int64_t h, size_t rows, const Rows& keys,
+                                 const typename ForwardPlan<T>::Arrays& a, const MaskFn& mask) {
+  const size_t L = VectorLanes<T>();
+  const size_t E = static_cast<size_t>(p.dim_qk), W = (E + 1) / 2;
+  const size_t Evp = plan.dim_v_pad, bk = static_cast<size_t>(plan.tiles.block_k);
+  const size_t cols = keys.count, cols_pad = (cols + L - 1) / L * L;
+  auto* q2 = reinterpret_cast<const std::uint32_t*>(a.q);
+  auto* kt2 = reinterpret_cast<std::uint32_t*>(a.kt);
+  auto* v2 = reinterpret_cast<std::uint32_t*>(a.v);
+  PackKeyPairsTransposed(static_cast<const BFloat16*>(p.k) + offset4(p.k_stride, b, h, 0, 0),
+                         keys, p.k_stride[2], p.k_stride[3], E, kt2, bk, cols_pad);
+  PackValuePairs(static_cast<const BFloat16*>(p.v) + offset4(p.v_stride, b, h, 0, 0), keys,
+                 p.v_stride[2], p.v_stride[3], static_cast<size_t>(p.dim_v), v2, Evp, cols_pad);
+  gemm_bf16_pairs(false, rows, cols_pad, W, q2, W, kt2, bk, a.s, bk);
+  const T scale = static_cast<T>(p.scale);
+  for (size_t r = 0; r < rows; ++r) ScaleRow(a.s + r * bk, cols_pad, scale);
+  mask(a.s, cols_pad);
+  OnlineSoftmaxStep(a.s, rows, cols_pad, bk, a.m, a.l, a.acc, Evp);
+  round_rows_to_bf16_pairs(a.s, rows, cols_pad, bk);
+  gemm_bf16_pairs(true, rows, Evp, cols_pad / 2, reinterpret_cast<const std::uint32_t*>(a.s), bk,
+                  v2, Evp, a.acc, Evp);
+}
+#endif
 
 // Scores of the packed query tile against key tile `keys` (into a.s), masked by `mask(S,
 // cols_pad)`, then the online-softmax step and acc += P V.
@@ -105,6 +232,11 @@ template <typename T, typename IO, class MaskFn>
 HWY_INLINE void VisitKeyTile(const AttentionParams& p, const ForwardPlan<T>& plan,
                              std::int64_t b, std::int64_t h, size_t rows, const Rows& keys,
                              const typename ForwardPlan<T>::Arrays& a, const MaskFn& mask) {
+#if defined(ATTN2D_NATIVE_BF16)
+  if constexpr (std::is_same<IO, BFloat16>::value) {
+    if (plan.native_bf16) return VisitKeyTileBf16(p, plan, b, h, rows, keys, a, mask);
+  }
+#endif
   const size_t L = VectorLanes<T>();
   const size_t E = static_cast<size_t>(p.dim_qk), Ev = static_cast<size_t>(p.dim_v);
   const size_t Evp = plan.dim_v_pad, bk = static_cast<size_t>(plan.tiles.block_k);
@@ -186,6 +318,9 @@ Status Forward(const AttentionParams& p, const Host& host) {
     plan.q_tiles = (p.len_q + plan.tiles.block_q - 1) / plan.tiles.block_q;
   }
   plan.dim_v_pad = static_cast<size_t>(round_up(p.dim_v, static_cast<std::int64_t>(L)));
+#if defined(ATTN2D_NATIVE_BF16)
+  plan.native_bf16 = std::is_same<IO, BFloat16>::value && cpu_has_avx512_bf16();
+#endif
   plan.scratch_elems = plan.carve(nullptr).elems;
   const int threads = std::max(host.num_threads, 1);
   Workspace ws(host);
@@ -213,6 +348,8 @@ Status ForwardFloat16(const AttentionParams& p, const Host& host) {
   return Forward<float, Float16>(p, host);
 }
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
+
+#undef ATTN2D_NATIVE_BF16  // this file is compiled once per target
 
 }  // namespace HWY_NAMESPACE
 }  // namespace cpu

@@ -1,0 +1,99 @@
+// Built only where the compiler takes -mavx512bf16 (CMakeLists.txt, which then defines
+// ATTN2D_HAVE_AVX512_BF16 for the callers); nothing here runs unless cpu_has_avx512_bf16().
+#include "cpu/bf16_pairs_avx512.h"
+
+#include <immintrin.h>
+
+namespace attn2d {
+namespace cpu {
+
+bool cpu_has_avx512_bf16() {
+  static const bool has = __builtin_cpu_supports("avx512f") &&
+                          __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl") &&
+                          __builtin_cpu_supports("avx512bf16");
+  return has;
+}
+
+namespace {
+
+// kRows x kCols vectors of 16 sums: kRows * kCols accumulators; 12 x 2 uses 24 of 32 registers.
+template <int kRows, int kCols>
+inline void Block(bool accumulate, std::size_t P, const std::uint32_t* A, std::size_t a_rs,
+                  const std::uint32_t* B, std::size_t ldb, float* C, std::size_t ldc) {
+  __m512 c[kRows][kCols];
+  for (int r = 0; r < kRows; ++r) {
+    for (int j = 0; j < kCols; ++j) {
+      c[r][j] = accumulate ? _mm512_loadu_ps(C + r * ldc + 16 * j) : _mm512_setzero_ps();
+    }
+  }
+  for (std::size_t p = 0; p < P; ++p) {
+    __m512bh b[kCols];
+    for (int j = 0; j < kCols; ++j) {
+      b[j] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(B + p * ldb + 16 * j));
+    }
+    for (int r = 0; r < kRows; ++r) {
+      const __m512bh a = reinterpret_cast<__m512bh>(
+          _mm512_set1_epi32(static_cast<int>(A[r * a_rs + p])));
+      for (int j = 0; j < kCols; ++j) c[r][j] = _mm512_dpbf16_ps(c[r][j], a, b[j]);
+    }
+  }
+  for (int r = 0; r < kRows; ++r) {
+    for (int j = 0; j < kCols; ++j) _mm512_storeu_ps(C + r * ldc + 16 * j, c[r][j]);
+  }
+}
+
+template <int kCols>
+inline void Panel(bool accumulate, std::size_t M, std::size_t P, const std::uint32_t* A,
+                  std::size_t a_rs, const std::uint32_t* B, std::size_t ldb, float* C,
+                  std::size_t ldc) {
+  std::size_t m = 0;
+  for (; m + 12 <= M; m += 12) {
+    Block<12, kCols>(accumulate, P, A + m * a_rs, a_rs, B, ldb, C + m * ldc, ldc);
+  }
+  for (; m + 4 <= M; m += 4) {
+    Block<4, kCols>(accumulate, P, A + m * a_rs, a_rs, B, ldb, C + m * ldc, ldc);
+  }
+  for (; m < M; ++m) Block<1, kCols>(accumulate, P, A + m * a_rs, a_rs, B, ldb, C + m * ldc, ldc);
+}
+
+}  // namespace
+
+void gemm_bf16_pairs(bool accumulate, std::size_t M, std::size_t N, std::size_t P,
+                     const std::uint32_t* A, std::size_t a_rs, const std::uint32_t* B,
+                     std::size_t ldb, float* C, std::size_t ldc) {
+  std::size_t n = 0;
+  for (; n + 32 <= N; n += 32) Panel<2>(accumulate, M, P, A, a_rs, B + n, ldb, C + n, ldc);
+  for (; n < N; n += 16) Panel<1>(accumulate, M, P, A, a_rs, B + n, ldb, C + n, ldc);
+}
+
+void round_rows_to_bf16_pairs(float* S, std::size_t rows, std::size_t cols, std::size_t ld) {
+  for (std::size_t r = 0; r < rows; ++r) {
+    float* s = S + r * ld;
+    std::uint32_t* out = reinterpret_cast<std::uint32_t*>(s);
+    // Word j is written after floats 2j and 2j + 1 were read: in place is safe.
+    std::size_t c = 0;
+    for (; c + 32 <= cols; c += 32) {
+      const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(s + c + 16), _mm512_loadu_ps(s + c));
+      _mm512_storeu_si512(out + c / 2, reinterpret_cast<__m512i>(h));
+    }
+    if (c < cols) {  // 16 left
+      const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_setzero_ps(), _mm512_loadu_ps(s + c));
+      _mm512_mask_storeu_epi32(out + c / 2, __mmask16(0xFF), reinterpret_cast<__m512i>(h));
+    }
+  }
+}
+
+void interleave_bf16_rows(const std::uint16_t* a, const std::uint16_t* b, std::size_t n,
+                          std::uint32_t* dst) {
+  for (std::size_t e = 0; e < n; e += 16) {
+    const __mmask16 m = n - e >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - e)) - 1);
+    const __m512i lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, a + e));
+    const __m512i hi = b == nullptr ? _mm512_setzero_si512()
+                                    : _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, b + e));
+    _mm512_mask_storeu_epi32(dst + e, m, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+  }
+}
+
+}  // namespace cpu
+}  // namespace attn2d

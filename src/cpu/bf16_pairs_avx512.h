@@ -1,0 +1,36 @@
+// Products of bfloat16 tiles on the native AVX512-BF16 dot product (VDPBF16PS: 32 bf16 products
+// into 16 float32 sums per instruction, twice the multiply-adds of a float32 FMA). Built in its
+// own translation unit with -mavx512bf16, only when ATTN2D_HAVE_AVX512_BF16 is defined, and
+// called only where the CPU has it; Highway 1.0.3 has no op for it.
+//
+// Operands are "pair" tiles: each 32-bit word holds two bf16 values that are adjacent along the
+// reduction dimension (low half first, as a little-endian bf16 row stores them).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace attn2d {
+namespace cpu {
+
+// Whether this CPU runs AVX512-BF16 (and the AVX-512 F/BW/VL it needs) and the kernels below
+// were built.
+bool cpu_has_avx512_bf16();
+
+// C (M x N floats, row stride ldc) = [C +] A * B over P pairs: A (M x P words, row stride a_rs),
+// B (P x N words, row stride ldb). N is a multiple of 16.
+void gemm_bf16_pairs(bool accumulate, std::size_t M, std::size_t N, std::size_t P,
+                     const std::uint32_t* A, std::size_t a_rs, const std::uint32_t* B,
+                     std::size_t ldb, float* C, std::size_t ldc);
+
+// Rounds each float row of a score tile (rows x cols, cols a multiple of 16, row stride ld
+// floats) to bf16 in place, round-to-nearest-even: row r becomes cols / 2 pair words at the
+// start of the same row.
+void round_rows_to_bf16_pairs(float* S, std::size_t rows, std::size_t cols, std::size_t ld);
+
+// dst[e] = a[e] | b[e] << 16 for e < n: two bf16 rows as pairs (b null: zero high halves).
+void interleave_bf16_rows(const std::uint16_t* a, const std::uint16_t* b, std::size_t n,
+                          std::uint32_t* dst);
+
+}  // namespace cpu
+}  // namespace attn2d

@@ -1,0 +1,96 @@
+// The AVX512-BF16 pair kernels against scalar float arithmetic on the same bf16 values; skipped
+// on CPUs without AVX512-BF16 (the forward then never calls them).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "cpu/bf16_pairs_avx512.h"
+#include "cpu/half.h"
+
+namespace attn2d {
+namespace cpu {
+namespace {
+
+std::uint16_t RandomBf16(std::mt19937& gen) {
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  return narrow_bf16(dist(gen)).bits;
+}
+
+float Lo(std::uint32_t w) { return widen(BFloat16{static_cast<std::uint16_t>(w & 0xFFFF)}); }
+float Hi(std::uint32_t w) { return widen(BFloat16{static_cast<std::uint16_t>(w >> 16)}); }
+
+TEST(Bf16Pairs, GemmMatchesScalarProducts) {
+  if (!cpu_has_avx512_bf16()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  std::mt19937 gen(7);
+  // Row counts that exercise the 12-, 4- and 1-row blocks; 48 columns: a 2-vector and a 1-vector
+  // panel; P = 37 pairs (an odd reduction).
+  for (std::size_t M : {1, 5, 12, 29}) {
+    const std::size_t N = 48, P = 37, a_rs = P + 3, ldb = N + 16, ldc = N + 16;
+    std::vector<std::uint32_t> A(M * a_rs), B(P * ldb);
+    for (auto& w : A) w = RandomBf16(gen) | std::uint32_t{RandomBf16(gen)} << 16;
+    for (auto& w : B) w = RandomBf16(gen) | std::uint32_t{RandomBf16(gen)} << 16;
+    for (bool accumulate : {false, true}) {
+      std::vector<float> C(M * ldc, 0.5f);
+      gemm_bf16_pairs(accumulate, M, N, P, A.data(), a_rs, B.data(), ldb, C.data(), ldc);
+      for (std::size_t m = 0; m < M; ++m) {
+        for (std::size_t n = 0; n < N; ++n) {
+          double want = accumulate ? 0.5 : 0.0;
+          double magnitude = std::abs(want);
+          for (std::size_t p = 0; p < P; ++p) {
+            const std::uint32_t a = A[m * a_rs + p], b = B[p * ldb + n];
+            want += double(Lo(a)) * Lo(b) + double(Hi(a)) * Hi(b);
+            magnitude += std::abs(double(Lo(a)) * Lo(b)) + std::abs(double(Hi(a)) * Hi(b));
+          }
+          // float32 sums of 2P exact products: a few float32 rounding units of the magnitude.
+          EXPECT_NEAR(C[m * ldc + n], want, 4 * 6e-8 * magnitude + 1e-6) << m << ", " << n;
+        }
+      }
+      EXPECT_EQ(C[N], 0.5f) << "the padding past N is untouched";
+    }
+  }
+}
+
+TEST(Bf16Pairs, RoundsRowsToNearestEvenPairsInPlace) {
+  if (!cpu_has_avx512_bf16()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  std::mt19937 gen(8);
+  std::uniform_real_distribution<float> dist(0.0f, 1.0f);
+  const std::size_t rows = 3, cols = 48, ld = 64;
+  std::vector<float> S(rows * ld), original;
+  for (auto& x : S) x = dist(gen);
+  S[4] = 1.0f + 1.0f / 256;  // a tie: rounds to the even 1.0 (word 2, low half)
+  S[7] = 1.0f + 3.0f / 256;  // a tie: rounds to the even 1 + 4/256 (word 3, high half)
+  original = S;
+  round_rows_to_bf16_pairs(S.data(), rows, cols, ld);
+  for (std::size_t r = 0; r < rows; ++r) {
+    const auto* words = reinterpret_cast<const std::uint32_t*>(S.data() + r * ld);
+    for (std::size_t j = 0; j < cols / 2; ++j) {
+      EXPECT_EQ(words[j] & 0xFFFF, narrow_bf16(original[r * ld + 2 * j]).bits);
+      EXPECT_EQ(words[j] >> 16, narrow_bf16(original[r * ld + 2 * j + 1]).bits);
+    }
+  }
+  EXPECT_EQ(Lo(reinterpret_cast<const std::uint32_t*>(S.data())[2]), 1.0f);
+  EXPECT_EQ(Hi(reinterpret_cast<const std::uint32_t*>(S.data())[3]), 1.0f + 4.0f / 256);
+}
+
+TEST(Bf16Pairs, InterleavesTwoRows) {
+  if (!cpu_has_avx512_bf16()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  for (std::size_t n : {1, 16, 21, 64}) {
+    std::vector<std::uint16_t> a(n), b(n);
+    for (std::size_t e = 0; e < n; ++e) a[e] = std::uint16_t(e + 1), b[e] = std::uint16_t(1000 + e);
+    std::vector<std::uint32_t> both(n + 1, 7), low(n + 1, 7);
+    interleave_bf16_rows(a.data(), b.data(), n, both.data());
+    interleave_bf16_rows(a.data(), nullptr, n, low.data());
+    for (std::size_t e = 0; e < n; ++e) {
+      EXPECT_EQ(both[e], a[e] | std::uint32_t{b[e]} << 16);
+      EXPECT_EQ(low[e], a[e]);
+    }
+    EXPECT_EQ(both[n], 7u) << "nothing written past n";
+  }
+}
+
+}  // namespace
+}  // namespace cpu
+}  // namespace attn2d
