@@ -125,7 +125,8 @@ def run(out_dir: str = "attn2d-report", log: Callable[[str], None] = print) -> s
         "",
         *[f"- **{b}**: {desc}" for b, (_, desc) in BLOCKS.items()],
         "",
-        "Peak memory is measured: resident-set growth over the inputs in a fresh subprocess. "
+        "Peak memory is measured: resident-set growth over the inputs during a warm (second) "
+        "forward + backward in a fresh subprocess. "
         "'Unfused needs' is computed: the N x N scores and probabilities (per head) that the "
         "original keeps for its backward, a lower bound. The originals run only where they fit.",
         "",
