@@ -18,11 +18,11 @@ struct TileSizes {
 TileSizes choose_tiles(std::int64_t len_q, std::int64_t len_k, std::int64_t dim_qk,
                        std::int64_t dim_v, std::size_t elem_bytes, std::size_t granule);
 
-// How the dense backward is split into tasks (attention_backward_cpu.cc explains each); all give
+// How the backward is split into tasks (attention_backward_cpu.cc explains each); all give
 // bitwise-equal results, so the choice is free to depend on the thread count.
 enum class BackwardSchedule { kWholeHeads, kKeyTileGroups, kTwoPasses };
 
-// Key-tile groups of the dense backward's dQ sum: up to 8, a function of the problem only.
+// Key-tile groups of the backward's dQ sum: up to 8, a function of the problem only.
 std::int64_t backward_dq_groups(std::int64_t k_tiles);
 
 // The cheapest schedule whose dQ buffers fit in max_share_bytes; slices = batch * heads,
