@@ -35,6 +35,7 @@
 #include "core/strided.h"
 #include "core/workspace.h"
 #include "cpu/attention_cpu.h"
+#include "cpu/bf16_pairs_avx512.h"
 #include "cpu/scratch.h"
 #include "cpu/tile_ops-inl.h"
 #include "cpu/tiling.h"
@@ -44,6 +45,10 @@ HWY_BEFORE_NAMESPACE();
 namespace attn2d {
 namespace cpu {
 namespace HWY_NAMESPACE {
+
+#if defined(ATTN2D_HAVE_AVX512_BF16) && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL)
+#define ATTN2D_NATIVE_BF16 1
+#endif
 
 template <typename T>
 struct BackwardPlan {
@@ -57,10 +62,13 @@ struct BackwardPlan {
   T* workspace;
   T* dq_shares = nullptr;  // whole heads: (threads, 2, len_q, E_pad); key-tile groups:
                            // (batch * heads, dq_groups, len_q, E_pad)
+  // bf16 tensors on a CPU with AVX512-BF16: S = Q K^T and dP = dO V^T run on VDPBF16PS from
+  // bf16 pairs (K^T and V^T packed as pairs in kt and vt); the other three products stay float.
+  bool native_bf16 = false;
 
   struct Arrays {
     T *kt, *vt, *k, *q, *dout, *s, *dp, *dk, *dv, *dk_part, *dv_part, *dq, *dq_group, *dq_term;
-    T *delta, *lse;
+    T *q2, *dout2, *delta, *lse;
     size_t elems;
   };
   // Lays out one thread's arrays at base (null: only counts them into `elems`).
@@ -83,6 +91,8 @@ struct BackwardPlan {
     a.dq = c.take(bq * dim_qk_pad);    // (block_q, E_pad): dQ's sum (pass 2)
     a.dq_group = c.take(bq * dim_qk_pad);  // (block_q, E_pad): one key-tile group's share
     a.dq_term = c.take(bq * dim_qk_pad);   // (block_q, E_pad): one sparse visit's dQ term
+    a.q2 = c.take(bq * (E + 1) / 2);   // (block_q, ceil(E / 2)) bf16 pairs of q, unscaled
+    a.dout2 = c.take(bq * (Ev + 1) / 2);  // (block_q, ceil(Ev / 2)) bf16 pairs of dO
     a.delta = c.take(bq);              // rowsum(dO * O)
     a.lse = c.take(bq);
     a.elems = c.used();
@@ -105,6 +115,17 @@ HWY_INLINE void PackQueryTile(const AttentionBackwardParams& bp, const BackwardP
            p.q_stride[3], E, static_cast<T>(p.scale), a.q, plan.dim_qk_pad, rows.count);
   PackRows(static_cast<const IO*>(bp.dout) + offset4(bp.dout_stride, b, h, 0, 0), rows,
            bp.dout_stride[2], bp.dout_stride[3], Ev, T(1), a.dout, plan.dim_v_pad, rows.count);
+#if defined(ATTN2D_NATIVE_BF16)
+  if constexpr (std::is_same<IO, BFloat16>::value) {
+    if (plan.native_bf16) {
+      PackQueryPairs(static_cast<const IO*>(p.q) + offset4(p.q_stride, b, h, 0, 0), rows,
+                     p.q_stride[2], p.q_stride[3], E, reinterpret_cast<std::uint32_t*>(a.q2));
+      PackQueryPairs(static_cast<const IO*>(bp.dout) + offset4(bp.dout_stride, b, h, 0, 0), rows,
+                     bp.dout_stride[2], bp.dout_stride[3], Ev,
+                     reinterpret_cast<std::uint32_t*>(a.dout2));
+    }
+  }
+#endif
   const IO* out = static_cast<const IO*>(p.out) + offset4(p.out_stride, b, h, 0, 0);
   const T* lse = static_cast<const T*>(p.lse);
   for (size_t r = 0; r < rows.count; ++r) {
@@ -130,9 +151,27 @@ HWY_INLINE void ProbabilitiesAndScoreGrad(const BackwardPlan<T>& plan, size_t ro
   const size_t bk = static_cast<size_t>(plan.tiles.block_k);
   const size_t E = static_cast<size_t>(plan.bp->fwd.dim_qk);
   const size_t Ev = static_cast<size_t>(plan.bp->fwd.dim_v);
-  Gemm<false>(rows, cols_pad, E, a.q, plan.dim_qk_pad, 1, a.kt, bk, a.s, bk);
-  mask(a.s, cols_pad);
-  Gemm<false>(rows, cols_pad, Ev, a.dout, plan.dim_v_pad, 1, a.vt, bk, a.dp, bk);
+  bool native = false;
+#if defined(ATTN2D_NATIVE_BF16)
+  if constexpr (std::is_same<T, float>::value) {
+    if (plan.native_bf16) {
+      const size_t W = (E + 1) / 2, Wv = (Ev + 1) / 2;
+      gemm_bf16_pairs(false, rows, cols_pad, W, reinterpret_cast<const std::uint32_t*>(a.q2), W,
+                      reinterpret_cast<const std::uint32_t*>(a.kt), bk, a.s, bk);
+      const T scale = static_cast<T>(plan.bp->fwd.scale);
+      for (size_t r = 0; r < rows; ++r) ScaleRow(a.s + r * bk, cols_pad, scale);
+      mask(a.s, cols_pad);
+      gemm_bf16_pairs(false, rows, cols_pad, Wv, reinterpret_cast<const std::uint32_t*>(a.dout2),
+                      Wv, reinterpret_cast<const std::uint32_t*>(a.vt), bk, a.dp, bk);
+      native = true;
+    }
+  }
+#endif
+  if (!native) {
+    Gemm<false>(rows, cols_pad, E, a.q, plan.dim_qk_pad, 1, a.kt, bk, a.s, bk);
+    mask(a.s, cols_pad);
+    Gemm<false>(rows, cols_pad, Ev, a.dout, plan.dim_v_pad, 1, a.vt, bk, a.dp, bk);
+  }
   for (size_t r = 0; r < rows; ++r) {
     T* s = a.s + r * bk;
     if (a.lse[r] == kNegInf) {  // fully masked row: P = 0, so every gradient term is 0
@@ -153,8 +192,21 @@ HWY_INLINE void PackKeyTile(const AttentionParams& p, const BackwardPlan<T>& pla
   const size_t E = static_cast<size_t>(p.dim_qk), Ev = static_cast<size_t>(p.dim_v);
   const IO* k = static_cast<const IO*>(p.k) + offset4(p.k_stride, b, h, 0, 0);
   const IO* v = static_cast<const IO*>(p.v) + offset4(p.v_stride, b, h, 0, 0);
-  PackTransposed(k, keys, p.k_stride[2], p.k_stride[3], E, a.kt, bk, cols_pad);
-  PackTransposed(v, keys, p.v_stride[2], p.v_stride[3], Ev, a.vt, bk, cols_pad);
+#if defined(ATTN2D_NATIVE_BF16)
+  if constexpr (std::is_same<IO, BFloat16>::value) {
+    if (plan.native_bf16) {
+      PackKeyPairsTransposed(k, keys, p.k_stride[2], p.k_stride[3], E,
+                             reinterpret_cast<std::uint32_t*>(a.kt), bk, cols_pad);
+      PackKeyPairsTransposed(v, keys, p.v_stride[2], p.v_stride[3], Ev,
+                             reinterpret_cast<std::uint32_t*>(a.vt), bk, cols_pad);
+    }
+  }
+  if (!plan.native_bf16)
+#endif
+  {
+    PackTransposed(k, keys, p.k_stride[2], p.k_stride[3], E, a.kt, bk, cols_pad);
+    PackTransposed(v, keys, p.v_stride[2], p.v_stride[3], Ev, a.vt, bk, cols_pad);
+  }
   if (row_major_k) {
     PackRows(k, keys, p.k_stride[2], p.k_stride[3], E, T(1), a.k, plan.dim_qk_pad, keys.count);
   }
@@ -530,6 +582,9 @@ Status Backward(const AttentionBackwardParams& bp, const Host& host) {
     plan.q_tiles = (p.len_q + plan.tiles.block_q - 1) / plan.tiles.block_q;
     plan.k_tiles = (p.len_k + plan.tiles.block_k - 1) / plan.tiles.block_k;
   }
+#if defined(ATTN2D_NATIVE_BF16)
+  plan.native_bf16 = std::is_same<IO, BFloat16>::value && cpu_has_avx512_bf16();
+#endif
   plan.scratch_elems = plan.carve(nullptr).elems;
   const int threads = std::max(host.num_threads, 1);
   const std::int64_t slices = p.batch * p.heads;
@@ -592,6 +647,8 @@ Status BackwardBFloat16(const AttentionBackwardParams& p, const Host& host) {
 Status BackwardFloat16(const AttentionBackwardParams& p, const Host& host) {
   return Backward<float, Float16>(p, host);
 }
+
+#undef ATTN2D_NATIVE_BF16  // this file is compiled once per target
 
 }  // namespace HWY_NAMESPACE
 }  // namespace cpu

@@ -405,6 +405,61 @@ HWY_INLINE void StoreTile(const T* HWY_RESTRICT src, size_t ld, const Rows& rows
 }
 
 // ---------------------------------------------------------------------------------------------
+// bf16 pair packing for the AVX512-BF16 products (cpu/bf16_pairs_avx512.h): built on the AVX-512
+// targets when the compiler has the instruction; the kernels use it only if the CPU does.
+
+#if defined(ATTN2D_HAVE_AVX512_BF16) && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL)
+inline std::uint32_t Bf16Pair(BFloat16 lo, BFloat16 hi) {
+  return static_cast<std::uint32_t>(lo.bits) | static_cast<std::uint32_t>(hi.bits) << 16;
+}
+
+// Element c of row r, or 0 past the width: a pair's missing high half when the width is odd.
+inline BFloat16 ElementOrZero(const BFloat16* row, std::int64_t cs, size_t c, size_t width) {
+  return c < width ? row[static_cast<std::int64_t>(c) * cs] : BFloat16{0};
+}
+
+// dst[r * W + w] = (q[r][2w], q[r][2w + 1]) for the tile's rows, W = ceil(E / 2).
+inline void PackQueryPairs(const BFloat16* base, const Rows& rows, std::int64_t rs,
+                           std::int64_t cs, size_t E, std::uint32_t* dst) {
+  const size_t W = (E + 1) / 2;
+  for (size_t r = 0; r < rows.count; ++r) {
+    const BFloat16* s = base + rows[r] * rs;
+    if (cs == 1 && E % 2 == 0) {
+      std::memcpy(dst + r * W, s, E * sizeof(BFloat16));
+      continue;
+    }
+    for (size_t w = 0; w < W; ++w) {
+      dst[r * W + w] = Bf16Pair(ElementOrZero(s, cs, 2 * w, E), ElementOrZero(s, cs, 2 * w + 1, E));
+    }
+  }
+}
+
+// dst[w * ld + n] = (k[n][2w], k[n][2w + 1]); zero for n in [keys.count, cols_pad). Rows of an
+// even width, stored contiguously at 4-byte alignment, are already pair words: transposed as
+// floats (bit moves only).
+inline void PackKeyPairsTransposed(const BFloat16* base, const Rows& keys, std::int64_t rs,
+                                   std::int64_t cs, size_t E, std::uint32_t* dst, size_t ld,
+                                   size_t cols_pad) {
+  const size_t W = (E + 1) / 2;
+  if (cs == 1 && E % 2 == 0 && rs % 2 == 0 && reinterpret_cast<std::uintptr_t>(base) % 4 == 0) {
+    PackTransposed<float, float>(reinterpret_cast<const float*>(base), keys, rs / 2, 1, W,
+                                 reinterpret_cast<float*>(dst), ld, cols_pad);
+    return;
+  }
+  for (size_t n = 0; n < keys.count; ++n) {
+    const BFloat16* s = base + keys[n] * rs;
+    for (size_t w = 0; w < W; ++w) {
+      dst[w * ld + n] = Bf16Pair(ElementOrZero(s, cs, 2 * w, E), ElementOrZero(s, cs, 2 * w + 1, E));
+    }
+  }
+  for (size_t w = 0; w < W; ++w) {
+    for (size_t n = keys.count; n < cols_pad; ++n) dst[w * ld + n] = 0;
+  }
+}
+
+#endif
+
+// ---------------------------------------------------------------------------------------------
 // Sparse layouts (attn2d/sparse_layout.h): a tile's rows, a head's tiles, a visit's mask.
 
 // The rows of global query (or key) tile `global`: its leading non-negative entries.
