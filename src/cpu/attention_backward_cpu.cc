@@ -156,10 +156,9 @@ HWY_INLINE void ProbabilitiesAndScoreGrad(const BackwardPlan<T>& plan, size_t ro
   if constexpr (std::is_same<T, float>::value) {
     if (plan.native_bf16) {
       const size_t W = (E + 1) / 2, Wv = (Ev + 1) / 2;
-      gemm_bf16_pairs(false, rows, cols_pad, W, reinterpret_cast<const std::uint32_t*>(a.q2), W,
-                      reinterpret_cast<const std::uint32_t*>(a.kt), bk, a.s, bk);
-      const T scale = static_cast<T>(plan.bp->fwd.scale);
-      for (size_t r = 0; r < rows; ++r) ScaleRow(a.s + r * bk, cols_pad, scale);
+      PairScores(rows, cols_pad, W, reinterpret_cast<const std::uint32_t*>(a.q2),
+                 reinterpret_cast<const std::uint32_t*>(a.kt), bk,
+                 static_cast<T>(plan.bp->fwd.scale), a.s);
       mask(a.s, cols_pad);
       gemm_bf16_pairs(false, rows, cols_pad, Wv, reinterpret_cast<const std::uint32_t*>(a.dout2),
                       Wv, reinterpret_cast<const std::uint32_t*>(a.vt), bk, a.dp, bk);
@@ -543,16 +542,17 @@ void SparseQueryTileTask(void* ctx, std::int64_t task, int thread) {
 }
 
 template <typename IO>
-void ZeroSlices(const AttentionBackwardParams& bp) {
+void ZeroSlices(const AttentionBackwardParams& bp, bool with_dq) {
   const AttentionParams& p = bp.fwd;
   struct Grad {
     void* data;
     const std::int64_t* stride;
     std::int64_t len, width;
-  } grads[] = {{bp.dq, bp.dq_stride, p.len_q, p.dim_qk},
-               {bp.dk, bp.dk_stride, p.len_k, p.dim_qk},
-               {bp.dv, bp.dv_stride, p.len_k, p.dim_v}};
+  } grads[] = {{bp.dk, bp.dk_stride, p.len_k, p.dim_qk},
+               {bp.dv, bp.dv_stride, p.len_k, p.dim_v},
+               {bp.dq, bp.dq_stride, p.len_q, p.dim_qk}};
   for (const Grad& g : grads) {
+    if (g.data == bp.dq && !with_dq) continue;
     for (std::int64_t b = 0; b < p.batch; ++b)
       for (std::int64_t h = 0; h < p.heads; ++h)
         for (std::int64_t i = 0; i < g.len; ++i)
@@ -612,11 +612,12 @@ Status Backward(const AttentionBackwardParams& bp, const Host& host) {
   }
   plan.workspace = reinterpret_cast<T*>(ws.data());
   plan.dq_shares = plan.workspace + plan.scratch_elems * static_cast<size_t>(threads);
-  if (p.layout != nullptr) {
-    // Keys and queries outside every tile of a layout get no gradient: start from zeros.
-    ZeroSlices<IO>(bp);
-  }
   const bool sparse = p.layout != nullptr;
+  if (sparse) {
+    // Keys and queries outside every tile of a layout get no gradient: start from zeros. The
+    // one-pass schedules write every dQ row from their shares (zero where no tile reaches).
+    ZeroSlices<IO>(bp, /*with_dq=*/schedule == BackwardSchedule::kTwoPasses);
+  }
   switch (schedule) {
     case BackwardSchedule::kWholeHeads:
       run_tasks(host, slices, &plan, HeadTask<T, IO>);

@@ -167,9 +167,7 @@ HWY_INLINE void VisitKeyTileBf16(const AttentionParams& p, const ForwardPlan<T>&
                          keys, p.k_stride[2], p.k_stride[3], E, kt2, bk, cols_pad);
   PackValuePairs(static_cast<const BFloat16*>(p.v) + offset4(p.v_stride, b, h, 0, 0), keys,
                  p.v_stride[2], p.v_stride[3], static_cast<size_t>(p.dim_v), v2, Evp, cols_pad);
-  gemm_bf16_pairs(false, rows, cols_pad, W, q2, W, kt2, bk, a.s, bk);
-  const T scale = static_cast<T>(p.scale);
-  for (size_t r = 0; r < rows; ++r) ScaleRow(a.s + r * bk, cols_pad, scale);
+  PairScores(rows, cols_pad, W, q2, kt2, bk, static_cast<T>(p.scale), a.s);
   mask(a.s, cols_pad);
   OnlineSoftmaxStep(a.s, rows, cols_pad, bk, a.m, a.l, a.acc, Evp);
   round_rows_to_bf16_pairs(a.s, rows, cols_pad, bk);
