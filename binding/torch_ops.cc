@@ -175,10 +175,11 @@ AttentionParams make_params(const at::Tensor& q, const at::Tensor& k, const at::
 std::tuple<at::Tensor, at::Tensor> forward_with_layout(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const std::optional<at::Tensor>& attn_mask, bool is_causal, double scale,
-    const SparseLayout* layout, const char* op) {
+    const SparseLayout* layout, const char* op, const WindowOffsets* window = nullptr) {
   at::Tensor mask_holder;
   AttentionParams p = make_params(q, k, v, attn_mask, is_causal, scale, op, &mask_holder);
   p.layout = layout;
+  p.window = window;
   const auto lse_options = q.options().dtype(accumulation_type(q));
   at::Tensor out = layout ? at::zeros({p.batch, p.heads, p.len_q, p.dim_v}, q.options())
                           : at::empty({p.batch, p.heads, p.len_q, p.dim_v}, q.options());
@@ -318,6 +319,26 @@ std::tuple<at::Tensor, at::Tensor> attention2d_forward(const at::Tensor& q, cons
   return forward_with_layout(q, k, v, std::nullopt, false, scale, &lay, op);
 }
 
+// A window pattern's forward on the offsets kernel. `layout` is the same pattern's layout, which
+// only the backward walks; it is checked here so that a bad one fails before the forward runs.
+std::tuple<at::Tensor, at::Tensor> attention2d_window_forward(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& offsets,
+    std::int64_t height, std::int64_t width, at::TensorList layout, std::int64_t block_q,
+    double scale) {
+  const char* op = "attn2d.attention2d_window_forward";
+  check_layout_heads(layout, q, op);
+  make_layout(layout, block_q, op);
+  TORCH_CHECK_VALUE(offsets.device().is_cpu() && offsets.scalar_type() == at::kInt &&
+                        offsets.dim() == 2 && offsets.size(0) == 2 && offsets.is_contiguous(),
+                    op, ": offsets must be a contiguous CPU int32 tensor of shape (2, count); got ",
+                    offsets.scalar_type(), " of shape ", offsets.sizes());
+  WindowOffsets w;
+  w.height = height, w.width = width, w.count = offsets.size(1);
+  w.dr = offsets.data_ptr<std::int32_t>();
+  w.dc = w.dr + w.count;
+  return forward_with_layout(q, k, v, std::nullopt, false, scale, nullptr, op, &w);
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention2d_backward(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse, at::TensorList layout, std::int64_t block_q,
@@ -371,6 +392,9 @@ TORCH_LIBRARY(attn2d, m) {
       "attention2d_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, "
       "Tensor lse, Tensor[] layout, int block_q, float scale) -> (Tensor grad_q, Tensor grad_k, "
       "Tensor grad_v)");
+  m.def(
+      "attention2d_window_forward(Tensor q, Tensor k, Tensor v, Tensor offsets, int height, "
+      "int width, Tensor[] layout, int block_q, float scale) -> (Tensor out, Tensor lse)");
   m.def("cpu_simd_target() -> str", &attn2d::binding::cpu_simd_target);
   m.def("fma_peak_gflops(float seconds=0.2) -> float", &attn2d::binding::fma_peak_gflops);
   m.def("host_threads_used(int tasks) -> int", &attn2d::binding::host_threads_used);
@@ -381,4 +405,5 @@ TORCH_LIBRARY_IMPL(attn2d, CPU, m) {
   m.impl("attention_backward", &attn2d::binding::attention_backward);
   m.impl("attention2d_forward", &attn2d::binding::attention2d_forward);
   m.impl("attention2d_backward", &attn2d::binding::attention2d_backward);
+  m.impl("attention2d_window_forward", &attn2d::binding::attention2d_window_forward);
 }

@@ -205,6 +205,35 @@ def build(pattern, q_hw: tuple[int, int], kv_hw: tuple[int, int], heads: int):
     )
 
 
+@functools.lru_cache(maxsize=32)
+def window_offsets(pattern, q_hw: tuple[int, int], kv_hw: tuple[int, int]):
+    """A (2, count) int32 tensor of the window's (row, column) offsets in key pixels, for the
+    forward kernel that vectorises across queries (src/cpu/window_forward_cpu.cc), or None
+    where that kernel does not apply: other patterns, pooled keys (a query's keys are then not
+    at a fixed raster distance), border "shift" (the window moves near the border), and windows
+    so large against the map that most offsets fall outside it (that kernel computes every
+    offset for every query: above 2x the allowed pairs, the tiles waste less)."""
+    if not isinstance(pattern, P.Window) or q_hw != kv_hw or pattern.border != "clip":
+        return None
+    h, w = kv_hw
+    d = pattern.dilation
+    offsets = [(di * d, dj * d) for di, dj in pattern.offsets()
+               if abs(di * d) < h and abs(dj * d) < w]
+    allowed = sum((h - abs(dr)) * (w - abs(dc)) for dr, dc in offsets)
+    if len(offsets) * h * w > 2 * allowed:
+        return None
+    return torch.tensor(offsets, dtype=torch.int32).t().contiguous()
+
+
+def forward_visited_pairs(pattern, q_hw, kv_hw, layout) -> int:
+    """(query, key) pairs the forward computes for one image, summed over the heads: every
+    offset of every query on the window kernel, else the layout's visited pairs."""
+    offsets = window_offsets(pattern, tuple(q_hw), tuple(kv_hw))
+    if offsets is None:
+        return visited_pairs(layout)
+    return int(layout[0].numel()) * offsets.shape[1] * q_hw[0] * q_hw[1]
+
+
 def visited_pairs(layout) -> int:
     """(query, key) pairs the kernel computes for one image, summed over the heads."""
     head_layout, q_begin, q_rows, k_rows, fwd_begin, fwd_k = (

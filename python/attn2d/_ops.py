@@ -104,6 +104,28 @@ torch.library.register_autograd(
 )
 
 
+@torch.library.register_fake("attn2d::attention2d_window_forward")
+def _attention2d_window_forward_fake(q, k, v, offsets, height, width, layout, block_q, scale):
+    _checks.check_attention("attn2d.attention2d_window_forward", q, k, v, None, check_device=False)
+    return _forward_outputs(q, v)
+
+
+def _window_setup_context(ctx, inputs, output):
+    q, k, v, offsets, height, width, layout, block_q, scale = inputs
+    _forward2d_setup_context(ctx, (q, k, v, layout, block_q, scale), output)
+
+
+def _window_backward(ctx, grad_out, grad_lse):
+    # The backward walks the same pattern's layout: the window kernel is forward only.
+    dq, dk, dv, layout_grads, _, _ = _forward2d_backward(ctx, grad_out, grad_lse)
+    return dq, dk, dv, None, None, None, layout_grads, None, None
+
+
+torch.library.register_autograd(
+    "attn2d::attention2d_window_forward", _window_backward, setup_context=_window_setup_context
+)
+
+
 def _backward_setup_context(ctx, inputs, output):
     pass
 

@@ -9,7 +9,8 @@ namespace {
 
 Status reference_refuses_layout() {
   return Status::Unsupported(
-      "the reference backend takes patterns as a dense mask (MaskKind::kBool), not a layout");
+      "the reference backend takes patterns as a dense mask (MaskKind::kBool), not a layout "
+      "or window offsets");
 }
 
 }  // namespace
@@ -30,7 +31,7 @@ Status attention_forward(const AttentionParams& params, const Host& host, Backen
   Status s = validate(params);
   if (!s.ok()) return s;
   if (backend == Backend::kReference) {
-    if (params.layout != nullptr) return reference_refuses_layout();
+    if (params.layout != nullptr || params.window != nullptr) return reference_refuses_layout();
     return reference::attention_forward(params);
   }
   return cpu::attention_forward(params, host);

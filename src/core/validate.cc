@@ -1,7 +1,9 @@
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "attn2d/attention.h"
@@ -104,6 +106,43 @@ Status validate_layout(const AttentionParams& p) {
   return Status::Ok();
 }
 
+// The window kernel reads keys at fixed raster offsets from each query, so the grid must be
+// one map of len_q = len_k pixels, and a repeated offset would count a key twice.
+Status validate_window(const AttentionParams& p) {
+  const WindowOffsets& w = *p.window;
+  auto bad = [](const std::string& what) {
+    return Status::InvalidArgument("window: " + what);
+  };
+  if (p.mask_kind != MaskKind::kNone || p.is_causal || p.layout != nullptr) {
+    return bad("a window excludes mask, is_causal and layout");
+  }
+  if (w.height < 1 || w.width < 1) {
+    return bad("height and width must be >= 1, got " + str(w.height) + "x" + str(w.width));
+  }
+  if (p.len_q != w.height * w.width || p.len_k != p.len_q) {
+    return bad("len_q and len_k must both be height * width = " + str(w.height * w.width) +
+               ", got " + str(p.len_q) + " and " + str(p.len_k));
+  }
+  if (w.count < 1) return bad("count must be >= 1, got " + str(w.count));
+  if (w.dr == nullptr || w.dc == nullptr) return bad("dr and dc must not be null");
+  std::vector<std::pair<std::int32_t, std::int32_t>> seen;
+  seen.reserve(static_cast<size_t>(w.count));
+  for (std::int64_t o = 0; o < w.count; ++o) {
+    if (std::abs(static_cast<std::int64_t>(w.dr[o])) >= w.height ||
+        std::abs(static_cast<std::int64_t>(w.dc[o])) >= w.width) {
+      return bad("offset " + str(o) + " = (" + str(w.dr[o]) + ", " + str(w.dc[o]) +
+                 ") must be smaller than the map (" + str(w.height) + "x" + str(w.width) +
+                 ") in each axis");
+    }
+    seen.emplace_back(w.dr[o], w.dc[o]);
+  }
+  std::sort(seen.begin(), seen.end());
+  if (std::adjacent_find(seen.begin(), seen.end()) != seen.end()) {
+    return bad("offsets must be distinct");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status validate(const AttentionParams& p) {
@@ -141,6 +180,7 @@ Status validate(const AttentionParams& p) {
     default:
       return Status::InvalidArgument("mask_kind must be kNone, kBool or kAdditive");
   }
+  if (p.window != nullptr) return validate_window(p);
   if (p.layout != nullptr) return validate_layout(p);
   return Status::Ok();
 }
@@ -149,6 +189,10 @@ Status validate(const AttentionBackwardParams& p) {
   Status s = validate(p.fwd);
   if (!s.ok()) return s;
   const AttentionParams& f = p.fwd;
+  if (f.window != nullptr) {
+    return Status::Unsupported(
+        "window: the window kernel is forward only; run the backward with the pattern's layout");
+  }
   const bool rows = f.batch > 0 && f.heads > 0 && f.len_q > 0;
   const bool keys = f.batch > 0 && f.heads > 0 && f.len_k > 0;
   if (!(s = check_pointer(f.lse, rows, "lse")).ok()) return s;

@@ -10,6 +10,8 @@ namespace cpu {
 
 Status attention_forward(const AttentionParams& params, const Host& host);
 Status attention_backward(const AttentionBackwardParams& params, const Host& host);
+// params.window's forward (cpu/window_forward_cpu.cc); attention_forward routes to it.
+Status window_forward(const AttentionParams& params, const Host& host);
 const char* simd_target_name();
 
 }  // namespace cpu

@@ -317,6 +317,7 @@ HWY_EXPORT(ForwardFloat16);
 HWY_EXPORT(TargetName);
 
 Status attention_forward(const AttentionParams& params, const Host& host) {
+  if (params.window != nullptr) return window_forward(params, host);
   switch (params.dtype) {
     case DType::kFloat64:
       return HWY_DYNAMIC_DISPATCH(ForwardFloat64)(params, host);

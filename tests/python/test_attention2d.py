@@ -139,3 +139,61 @@ def test_raw_op_refuses_a_malformed_layout():
     with pytest.raises(ValueError, match="heads"):
         torch.ops.attn2d.attention2d_forward(torch.randn(1, 2, 36, 4), torch.randn(1, 2, 36, 4),
                                              torch.randn(1, 2, 36, 4), layout, 64, 0.5)
+
+
+def test_window_kernel_takes_clip_windows_on_one_grid():
+    offsets = _layout.window_offsets(Window(3, "manhattan", 2), (9, 9), (9, 9))
+    assert sorted(map(tuple, offsets.t().tolist())) == [(-2, 0), (0, -2), (0, 0), (0, 2), (2, 0)]
+    assert _layout.window_offsets(Window(5), (1, 29), (1, 29)).shape == (2, 5)  # rows clipped
+    # The tiled kernel serves the rest: pooled keys, shifted windows, YLG, and windows whose
+    # offsets mostly fall outside the map (7x11 under an 11x11 window: 2.2x the allowed pairs).
+    assert _layout.window_offsets(Window(5), (14, 10), (7, 5)) is None
+    assert _layout.window_offsets(Window(5, border="shift"), (13, 13), (13, 13)) is None
+    assert _layout.window_offsets(YLG(8), (8, 8), (8, 8)) is None
+    assert _layout.window_offsets(Window(11), (7, 11), (7, 11)) is None
+
+
+@pytest.mark.parametrize("pattern,hw", [(Window(9, "euclidean"), (37, 41)),
+                                        (Window(6, dilation=3), (23, 16)),
+                                        (Window(15, "manhattan"), (3, 64))], ids=str)
+def test_window_kernel_float32_and_agrees_with_the_tiled_kernel(pattern, hw):
+    assert _layout.window_offsets(pattern, hw, hw) is not None
+    run_both(pattern, hw, hw, 3, dtype=torch.float32, E=20, Ev=24)
+    # NCHW-like views (last-dim stride H*W) straight into both kernels.
+    q, k, v = (torch.randn(2, 3, 20, hw[0] * hw[1]).transpose(2, 3) for _ in range(3))
+    layout = list(_layout.build(pattern, hw, hw, 3))
+    offsets = _layout.window_offsets(pattern, hw, hw)
+    out_w, lse_w = torch.ops.attn2d.attention2d_window_forward(q, k, v, offsets, *hw, layout,
+                                                               _layout.BLOCK_Q, 0.3)
+    out_t, lse_t = torch.ops.attn2d.attention2d_forward(q, k, v, layout, _layout.BLOCK_Q, 0.3)
+    assert max_err(out_w, out_t) < 1e-5 and max_err(lse_w, lse_t) < 1e-5
+
+
+def test_window_kernel_gradcheck_and_opcheck():
+    pattern = Window(3, "manhattan")
+    q, k, v = (torch.randn(1, 2, 5, 6, 3, dtype=torch.float64, requires_grad=True)
+               for _ in range(3))
+    assert _layout.window_offsets(pattern, (5, 6), (5, 6)) is not None
+    assert torch.autograd.gradcheck(lambda a, b, c: attn2d.attention2d(a, b, c, pattern=pattern),
+                                    (q, k, v))
+    layout = list(_layout.build(pattern, (5, 6), (5, 6), 2))
+    offsets = _layout.window_offsets(pattern, (5, 6), (5, 6))
+    args = (q.detach().flatten(2, 3), k.detach().flatten(2, 3), v.detach().flatten(2, 3),
+            offsets, 5, 6, layout, _layout.BLOCK_Q, 0.5)
+    torch.library.opcheck(torch.ops.attn2d.attention2d_window_forward.default, args)
+
+
+def test_raw_window_op_refuses_bad_offsets():
+    pattern = Window(3)
+    layout = list(_layout.build(pattern, (6, 6), (6, 6), 1))
+    q, k, v = (torch.randn(1, 1, 36, 4) for _ in range(3))
+    good = _layout.window_offsets(pattern, (6, 6), (6, 6))
+    for bad, match in [(good.long(), "int32"), (good.t().contiguous(), r"\(2, count\)"),
+                       (torch.tensor([[0, 0], [1, 1]], dtype=torch.int32), "distinct"),
+                       (torch.tensor([[6], [0]], dtype=torch.int32), "smaller than the map")]:
+        with pytest.raises(ValueError, match=match):
+            torch.ops.attn2d.attention2d_window_forward(q, k, v, bad, 6, 6, layout,
+                                                        _layout.BLOCK_Q, 0.5)
+    with pytest.raises(ValueError, match="height"):
+        torch.ops.attn2d.attention2d_window_forward(q, k, v, good, 6, 5, layout,
+                                                    _layout.BLOCK_Q, 0.5)
