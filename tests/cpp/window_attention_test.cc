@@ -119,6 +119,22 @@ TEST_P(WindowAttention, MatchesTheDenseMaskOracle) {
                                      Layout::kContiguous, 7);
 }
 
+TEST_P(WindowAttention, WholeVectorRowsMatchTheDenseMaskOracle) {
+  // Widths that are multiples of the vector length (every vector within one pixel row, the
+  // interior fast path common): several e and ev sweeps, windows wider than a vector, and a
+  // 33 x 33 window (1089 offsets).
+  expect_window_matches_dense<double>(1, 2, 9, 16, 20, 18, 5, Shape::kSquare, 1,
+                                      Layout::kSequenceMajor, 11);
+  expect_window_matches_dense<float>(2, 1, 20, 32, 16, 16, 7, Shape::kDiamond, 1,
+                                     Layout::kChannelsFirst, 12);
+  expect_window_matches_dense<float>(1, 2, 6, 48, 5, 7, 9, Shape::kDisk, 2,
+                                     Layout::kContiguous, 13);
+  expect_window_matches_dense<float>(1, 1, 40, 16, 3, 33, 15, Shape::kSquare, 1,
+                                     Layout::kSequenceMajor, 14);
+  expect_window_matches_dense<float>(1, 1, 37, 48, 8, 8, 33, Shape::kSquare, 1,
+                                     Layout::kContiguous, 15);
+}
+
 TEST(WindowValidation, MalformedWindowsAreInvalidArguments) {
   auto pr = make_problem<float>(1, 1, 20, 20, 4, 4, Layout::kContiguous, 9);
   auto out = make_tensor<float>({1, 1, 20, 4}, Layout::kContiguous);
