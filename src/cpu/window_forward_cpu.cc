@@ -48,9 +48,10 @@ namespace HWY_NAMESPACE {
 constexpr size_t kOffsetsPerSweep = 8;
 // Rows of Q^T (or V^T) held in registers per sweep: 16 vectors + 8 accumulators of AVX-512's 32.
 constexpr size_t kMaxQuads = 4;
-// Packed heads share one buffer of at most this many bytes (at least one head): 12.6 MB per
-// head at 256x256 with E = Ev = 16.
-constexpr size_t kPackBudgetBytes = size_t{32} << 20;
+// Packed heads share one buffer of at most this many bytes, or one head where a head is larger
+// (13.3 MB at 256x256 with E = Ev = 16; 3.3 MB at 128x128): the packed copy is transient
+// workspace of O(N (2E + Ev)), kept below the inputs' own size (50 MB there for 4 heads).
+constexpr size_t kPackBudgetBytes = size_t{8} << 20;
 constexpr std::int64_t kPackChunk = 1024;  // positions per packing task
 constexpr std::int64_t kRowsPerTask = 32;  // vectors per task, one below the other
 
