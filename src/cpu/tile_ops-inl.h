@@ -182,16 +182,20 @@ HWY_INLINE bool RowHasNaN(const T* HWY_RESTRICT x, size_t n) {
 
 // exp(x) for the softmax's arguments (x <= 0 up to rounding, or -inf, or NaN), in float32:
 // Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, and e^r by its Taylor polynomial to r^7
-// (truncation below 6e-9 relative, under float32's 6e-8 rounding). 2^n goes straight into the
-// exponent bits, valid for n >= -126; below x = -87.3 the result is 0, as exp underflows there
-// anyway next to the row maximum's exp(0) = 1. NaN stays NaN (a NaN score must give a NaN
-// output, as naive attention does, not a silent 0). About 17 instructions per vector against
-// Highway's Exp's 23, which handles every x; on E=8..16 heads the exp is the main per-score
-// cost.
+// (truncation below 6e-9 relative, under float32's 6e-8 rounding). n comes from adding
+// 1.5 * 2^23, which rounds x log2(e) to the nearest integer and leaves that integer in the low
+// mantissa bits (valid for |x log2 e| < 2^22): one add instead of a round plus a float-to-int
+// conversion (which Highway guards against overflow with 4 more instructions). 2^n goes
+// straight into the exponent bits, valid for n >= -126; below x = -87 the result is 0, as exp
+// underflows there anyway next to the row maximum's exp(0) = 1. NaN stays NaN (a NaN score
+// must give a NaN output, as naive attention does, not a silent 0). About 17 instructions per
+// vector; on E=8..16 heads the exp is the main per-score cost.
 template <class D>
 HWY_INLINE hn::Vec<D> SoftmaxExp(D d, hn::Vec<D> x) {
   const hn::RebindToSigned<D> di;
-  const auto n = hn::Round(hn::Mul(x, hn::Set(d, 1.44269504088896341f)));
+  const auto magic = hn::Set(d, 12582912.0f);  // 1.5 * 2^23
+  const auto t = hn::MulAdd(x, hn::Set(d, 1.44269504088896341f), magic);
+  const auto n = hn::Sub(t, magic);  // x log2(e), rounded to the nearest integer
   auto r = hn::MulAdd(n, hn::Set(d, -0.693145751953125f), x);  // ln2's leading 16 bits
   r = hn::MulAdd(n, hn::Set(d, -1.428606765330187045e-6f), r);  // and the rest
   auto p = hn::Set(d, 1.0f / 5040);
@@ -202,8 +206,9 @@ HWY_INLINE hn::Vec<D> SoftmaxExp(D d, hn::Vec<D> x) {
   p = hn::MulAdd(p, r, hn::Set(d, 0.5f));
   p = hn::MulAdd(p, r, hn::Set(d, 1.0f));
   p = hn::MulAdd(p, r, hn::Set(d, 1.0f));
-  const auto scaled =
-      hn::BitCast(d, hn::Add(hn::BitCast(di, p), hn::ShiftLeft<23>(hn::ConvertTo(di, n))));
+  // t's bits minus magic's are n as an int32 (two's complement in the low mantissa bits).
+  const auto ni = hn::Sub(hn::BitCast(di, t), hn::BitCast(di, magic));
+  const auto scaled = hn::BitCast(d, hn::Add(hn::BitCast(di, p), hn::ShiftLeft<23>(ni)));
   const auto result = hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -87.0f)), scaled);
   return hn::IfThenElse(hn::Ne(x, x), x, result);
 }
