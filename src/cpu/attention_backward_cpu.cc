@@ -62,13 +62,14 @@ struct BackwardPlan {
   T* workspace;
   T* dq_shares = nullptr;  // whole heads: (threads, 2, len_q, E_pad); key-tile groups:
                            // (batch * heads, dq_groups, len_q, E_pad)
-  // bf16 tensors on a CPU with AVX512-BF16: S = Q K^T and dP = dO V^T run on VDPBF16PS from
-  // bf16 pairs (K^T and V^T packed as pairs in kt and vt); the other three products stay float.
+  // bf16 tensors on a CPU with AVX512-BF16: all five products (S = Q K^T, dP = dO V^T,
+  // dV = P^T dO, dK = dS^T q, dQ = dS K) run on VDPBF16PS from bf16 pairs (K^T and V^T packed as
+  // pairs in kt and vt, K in k; P and dS rounded to bf16 as naive bf16 attention rounds them).
   bool native_bf16 = false;
 
   struct Arrays {
     T *kt, *vt, *k, *q, *dout, *s, *dp, *dk, *dv, *dk_part, *dv_part, *dq, *dq_group, *dq_term;
-    T *q2, *dout2, *delta, *lse;
+    T *q2, *dout2, *q_rp, *dout_rp, *ds2, *delta, *lse;
     size_t elems;
   };
   // Lays out one thread's arrays at base (null: only counts them into `elems`).
@@ -93,6 +94,11 @@ struct BackwardPlan {
     a.dq_term = c.take(bq * dim_qk_pad);   // (block_q, E_pad): one sparse visit's dQ term
     a.q2 = c.take(bq * (E + 1) / 2);   // (block_q, ceil(E / 2)) bf16 pairs of q, unscaled
     a.dout2 = c.take(bq * (Ev + 1) / 2);  // (block_q, ceil(Ev / 2)) bf16 pairs of dO
+    // bf16 pairs along the query rows, (block_q / 2, E_pad) and (block_q / 2, Ev_pad): row w
+    // pairs rows 2w and 2w + 1; B of dK = dS^T q and dV = P^T dO.
+    a.q_rp = c.take(bq / 2 * dim_qk_pad);
+    a.dout_rp = c.take(bq / 2 * dim_v_pad);
+    a.ds2 = c.take(bq / 2 * bk);  // (block_q / 2, block_k): scale dS paired along query rows
     a.delta = c.take(bq);              // rowsum(dO * O)
     a.lse = c.take(bq);
     a.elems = c.used();
@@ -103,6 +109,28 @@ struct BackwardPlan {
     return carve(workspace + static_cast<size_t>(thread) * scratch_elems);
   }
 };
+
+#if defined(ATTN2D_NATIVE_BF16)
+// dst[w * ld + e] = (x[2w][e], x[2w + 1][e]) for the tile's rows (a missing row 2w + 1: zero high
+// halves); zero for e in [width, ld).
+inline void PackRowPairs(const BFloat16* base, const Rows& rows, std::int64_t rs, std::int64_t cs,
+                         size_t width, size_t ld, std::uint32_t* dst) {
+  for (size_t w = 0; 2 * w < rows.count; ++w) {
+    std::uint32_t* o = dst + w * ld;
+    const BFloat16* a = base + rows[2 * w] * rs;
+    const BFloat16* b = 2 * w + 1 < rows.count ? base + rows[2 * w + 1] * rs : nullptr;
+    if (cs == 1) {
+      interleave_bf16_rows(&a->bits, b == nullptr ? nullptr : &b->bits, width, o);
+    } else {
+      for (size_t e = 0; e < width; ++e) {
+        const std::int64_t off = static_cast<std::int64_t>(e) * cs;
+        o[e] = Bf16Pair(a[off], b == nullptr ? BFloat16{0} : b[off]);
+      }
+    }
+    std::fill(o + width, o + ld, 0u);
+  }
+}
+#endif
 
 // Packs the query-side tile (rows of slice b, h): scaled q, dO, delta = rowsum(dO * O), lse.
 template <typename T, typename IO>
@@ -123,6 +151,12 @@ HWY_INLINE void PackQueryTile(const AttentionBackwardParams& bp, const BackwardP
       PackQueryPairs(static_cast<const IO*>(bp.dout) + offset4(bp.dout_stride, b, h, 0, 0), rows,
                      bp.dout_stride[2], bp.dout_stride[3], Ev,
                      reinterpret_cast<std::uint32_t*>(a.dout2));
+      PackRowPairs(static_cast<const IO*>(p.q) + offset4(p.q_stride, b, h, 0, 0), rows,
+                   p.q_stride[2], p.q_stride[3], E, plan.dim_qk_pad,
+                   reinterpret_cast<std::uint32_t*>(a.q_rp));
+      PackRowPairs(static_cast<const IO*>(bp.dout) + offset4(bp.dout_stride, b, h, 0, 0), rows,
+                   bp.dout_stride[2], bp.dout_stride[3], Ev, plan.dim_v_pad,
+                   reinterpret_cast<std::uint32_t*>(a.dout_rp));
     }
   }
 #endif
@@ -207,6 +241,15 @@ HWY_INLINE void PackKeyTile(const AttentionParams& p, const BackwardPlan<T>& pla
     PackTransposed(v, keys, p.v_stride[2], p.v_stride[3], Ev, a.vt, bk, cols_pad);
   }
   if (row_major_k) {
+#if defined(ATTN2D_NATIVE_BF16)
+    if constexpr (std::is_same<IO, BFloat16>::value) {
+      if (plan.native_bf16) {  // K paired along the keys: B of dQ = dS K on pairs
+        PackRowPairs(k, keys, p.k_stride[2], p.k_stride[3], E, plan.dim_qk_pad,
+                     reinterpret_cast<std::uint32_t*>(a.k));
+        return;
+      }
+    }
+#endif
     PackRows(k, keys, p.k_stride[2], p.k_stride[3], E, T(1), a.k, plan.dim_qk_pad, keys.count);
   }
 }
@@ -220,12 +263,65 @@ template <typename T>
 HWY_INLINE void AccumulateKeyGrads(const BackwardPlan<T>& plan, size_t rows, size_t cols,
                                    const typename BackwardPlan<T>::Arrays& a) {
   const size_t bk = static_cast<size_t>(plan.tiles.block_k);
-  Gemm<false>(cols, plan.dim_v_pad, rows, a.s, 1, bk, a.dout, plan.dim_v_pad, a.dv_part,
-              plan.dim_v_pad);
-  Gemm<false>(cols, plan.dim_qk_pad, rows, a.dp, 1, bk, a.q, plan.dim_qk_pad, a.dk_part,
-              plan.dim_qk_pad);
+  bool native = false;
+#if defined(ATTN2D_NATIVE_BF16)
+  if constexpr (std::is_same<T, float>::value) {
+    if (plan.native_bf16) {
+      // P and scale * dS as bf16 pairs along the query rows (P in place: row w of pairs is
+      // written over float row w after rows 2w and 2w + 1 were read).
+      const size_t L = VectorLanes<T>();
+      const size_t pairs = (rows + 1) / 2, cols_pad = (cols + L - 1) / L * L;
+      auto* p2 = reinterpret_cast<std::uint32_t*>(a.s);
+      auto* ds2 = reinterpret_cast<std::uint32_t*>(a.ds2);
+      const float scale = static_cast<float>(plan.bp->fwd.scale);
+      for (size_t w = 0; w < pairs; ++w) {
+        const bool odd_end = 2 * w + 1 == rows;
+        float_rows_to_bf16_pairs(a.s + 2 * w * bk, odd_end ? nullptr : a.s + (2 * w + 1) * bk,
+                                 cols_pad, 1.0f, p2 + w * bk);
+        float_rows_to_bf16_pairs(a.dp + 2 * w * bk, odd_end ? nullptr : a.dp + (2 * w + 1) * bk,
+                                 cols_pad, scale, ds2 + w * bk);
+      }
+      gemm_bf16_pairs_strided(false, cols, plan.dim_v_pad, pairs, p2, 1, bk,
+                              reinterpret_cast<const std::uint32_t*>(a.dout_rp), plan.dim_v_pad,
+                              a.dv_part, plan.dim_v_pad);
+      gemm_bf16_pairs_strided(false, cols, plan.dim_qk_pad, pairs, ds2, 1, bk,
+                              reinterpret_cast<const std::uint32_t*>(a.q_rp), plan.dim_qk_pad,
+                              a.dk_part, plan.dim_qk_pad);
+      native = true;
+    }
+  }
+#endif
+  if (!native) {
+    Gemm<false>(cols, plan.dim_v_pad, rows, a.s, 1, bk, a.dout, plan.dim_v_pad, a.dv_part,
+                plan.dim_v_pad);
+    Gemm<false>(cols, plan.dim_qk_pad, rows, a.dp, 1, bk, a.q, plan.dim_qk_pad, a.dk_part,
+                plan.dim_qk_pad);
+  }
   AddRow(a.dv, a.dv_part, cols * plan.dim_v_pad);
   AddRow(a.dk, a.dk_part, cols * plan.dim_qk_pad);
+}
+
+// dst (rows, E_pad) = [dst +] dS K (unscaled), after AccumulateKeyGrads has used dS: on bf16
+// pairs, dS is rounded to pairs along the keys in place.
+template <bool kAccumulate, typename T>
+HWY_INLINE void ScoreGradTimesKeys(const BackwardPlan<T>& plan, size_t rows, size_t cols,
+                                   const typename BackwardPlan<T>::Arrays& a, T* dst) {
+  const size_t bk = static_cast<size_t>(plan.tiles.block_k);
+#if defined(ATTN2D_NATIVE_BF16)
+  if constexpr (std::is_same<T, float>::value) {
+    if (plan.native_bf16) {
+      const size_t L = VectorLanes<T>();
+      round_rows_to_bf16_pairs(a.dp, rows, (cols + L - 1) / L * L, bk);
+      gemm_bf16_pairs(kAccumulate, rows, plan.dim_qk_pad, (cols + 1) / 2,
+                      reinterpret_cast<const std::uint32_t*>(a.dp), bk,
+                      reinterpret_cast<const std::uint32_t*>(a.k), plan.dim_qk_pad, dst,
+                      plan.dim_qk_pad);
+      return;
+    }
+  }
+#endif
+  Gemm<kAccumulate>(rows, plan.dim_qk_pad, cols, a.dp, bk, 1, a.k, plan.dim_qk_pad, dst,
+                    plan.dim_qk_pad);
 }
 
 template <typename T, typename IO>
@@ -299,8 +395,8 @@ void KeyTile(const BackwardPlan<T>& plan, std::int64_t b, std::int64_t h, std::i
     });
     AccumulateKeyGrads(plan, rows.count, cols, a);
     if (dq_share != nullptr && j0 < KeyEnd(p, i0, static_cast<std::int64_t>(rows.count))) {
-      Gemm<true>(rows.count, plan.dim_qk_pad, cols, a.dp, bk, 1, a.k, plan.dim_qk_pad,
-                 dq_share + static_cast<size_t>(i0) * plan.dim_qk_pad, plan.dim_qk_pad);
+      ScoreGradTimesKeys<true>(plan, rows.count, cols, a,
+                               dq_share + static_cast<size_t>(i0) * plan.dim_qk_pad);
     }
   }
   StoreKeyGrads<T, IO>(bp, plan, b, h, keys, a);
@@ -333,8 +429,7 @@ void SparseKeyTile(const BackwardPlan<T>& plan, std::int64_t b, std::int64_t h,
     });
     AccumulateKeyGrads(plan, rows.count, cols, a);
     if (dq_share != nullptr) {
-      Gemm<false>(rows.count, plan.dim_qk_pad, cols, a.dp, bk, 1, a.k, plan.dim_qk_pad,
-                  a.dq_term, plan.dim_qk_pad);
+      ScoreGradTimesKeys<false>(plan, rows.count, cols, a, a.dq_term);
       for (size_t r = 0; r < rows.count; ++r) {
         AddRow(dq_share + static_cast<size_t>(rows[r]) * plan.dim_qk_pad,
                a.dq_term + r * plan.dim_qk_pad, plan.dim_qk_pad);
@@ -458,7 +553,6 @@ HWY_INLINE void QueryTileGrad(const BackwardPlan<T>& plan, std::int64_t b, std::
   const AttentionBackwardParams& bp = *plan.bp;
   const AttentionParams& p = bp.fwd;
   const size_t L = VectorLanes<T>();
-  const size_t bk = static_cast<size_t>(plan.tiles.block_k);
   const size_t n = rows.count * plan.dim_qk_pad;
   PackQueryTile<T, IO>(bp, plan, b, h, rows, a);
   std::fill(a.dq, a.dq + n, T(0));
@@ -478,12 +572,10 @@ HWY_INLINE void QueryTileGrad(const BackwardPlan<T>& plan, std::int64_t b, std::
     PackKeyTile<T, IO>(p, plan, b, h, keys, cols_pad, /*row_major_k=*/true, a);
     ProbabilitiesAndScoreGrad(plan, rows.count, cols_pad, a, mask);
     if (p.layout != nullptr) {
-      Gemm<false>(rows.count, plan.dim_qk_pad, keys.count, a.dp, bk, 1, a.k, plan.dim_qk_pad,
-                  a.dq_term, plan.dim_qk_pad);
+      ScoreGradTimesKeys<false>(plan, rows.count, keys.count, a, a.dq_term);
       AddRow(sum, a.dq_term, n);
     } else {
-      Gemm<true>(rows.count, plan.dim_qk_pad, keys.count, a.dp, bk, 1, a.k, plan.dim_qk_pad,
-                 sum, plan.dim_qk_pad);
+      ScoreGradTimesKeys<true>(plan, rows.count, keys.count, a, sum);
     }
   });
   if (groups_seen >= 2) AddRow(a.dq, a.dq_group, n);

@@ -20,7 +20,8 @@ namespace {
 // kRows x kCols vectors of 16 sums: kRows * kCols accumulators; 12 x 2 uses 24 of 32 registers.
 template <int kRows, int kCols>
 inline void Block(bool accumulate, std::size_t P, const std::uint32_t* A, std::size_t a_rs,
-                  const std::uint32_t* B, std::size_t ldb, float* C, std::size_t ldc) {
+                  std::size_t a_ps, const std::uint32_t* B, std::size_t ldb, float* C,
+                  std::size_t ldc) {
   __m512 c[kRows][kCols];
   for (int r = 0; r < kRows; ++r) {
     for (int j = 0; j < kCols; ++j) {
@@ -34,7 +35,7 @@ inline void Block(bool accumulate, std::size_t P, const std::uint32_t* A, std::s
     }
     for (int r = 0; r < kRows; ++r) {
       const __m512bh a = reinterpret_cast<__m512bh>(
-          _mm512_set1_epi32(static_cast<int>(A[r * a_rs + p])));
+          _mm512_set1_epi32(static_cast<int>(A[r * a_rs + p * a_ps])));
       for (int j = 0; j < kCols; ++j) c[r][j] = _mm512_dpbf16_ps(c[r][j], a, b[j]);
     }
   }
@@ -45,26 +46,49 @@ inline void Block(bool accumulate, std::size_t P, const std::uint32_t* A, std::s
 
 template <int kCols>
 inline void Panel(bool accumulate, std::size_t M, std::size_t P, const std::uint32_t* A,
-                  std::size_t a_rs, const std::uint32_t* B, std::size_t ldb, float* C,
-                  std::size_t ldc) {
+                  std::size_t a_rs, std::size_t a_ps, const std::uint32_t* B, std::size_t ldb,
+                  float* C, std::size_t ldc) {
   std::size_t m = 0;
   for (; m + 12 <= M; m += 12) {
-    Block<12, kCols>(accumulate, P, A + m * a_rs, a_rs, B, ldb, C + m * ldc, ldc);
+    Block<12, kCols>(accumulate, P, A + m * a_rs, a_rs, a_ps, B, ldb, C + m * ldc, ldc);
   }
   for (; m + 4 <= M; m += 4) {
-    Block<4, kCols>(accumulate, P, A + m * a_rs, a_rs, B, ldb, C + m * ldc, ldc);
+    Block<4, kCols>(accumulate, P, A + m * a_rs, a_rs, a_ps, B, ldb, C + m * ldc, ldc);
   }
-  for (; m < M; ++m) Block<1, kCols>(accumulate, P, A + m * a_rs, a_rs, B, ldb, C + m * ldc, ldc);
+  for (; m < M; ++m) {
+    Block<1, kCols>(accumulate, P, A + m * a_rs, a_rs, a_ps, B, ldb, C + m * ldc, ldc);
+  }
 }
 
 }  // namespace
 
+void gemm_bf16_pairs_strided(bool accumulate, std::size_t M, std::size_t N, std::size_t P,
+                             const std::uint32_t* A, std::size_t a_rs, std::size_t a_ps,
+                             const std::uint32_t* B, std::size_t ldb, float* C, std::size_t ldc) {
+  std::size_t n = 0;
+  for (; n + 32 <= N; n += 32) Panel<2>(accumulate, M, P, A, a_rs, a_ps, B + n, ldb, C + n, ldc);
+  for (; n < N; n += 16) Panel<1>(accumulate, M, P, A, a_rs, a_ps, B + n, ldb, C + n, ldc);
+}
+
 void gemm_bf16_pairs(bool accumulate, std::size_t M, std::size_t N, std::size_t P,
                      const std::uint32_t* A, std::size_t a_rs, const std::uint32_t* B,
                      std::size_t ldb, float* C, std::size_t ldc) {
-  std::size_t n = 0;
-  for (; n + 32 <= N; n += 32) Panel<2>(accumulate, M, P, A, a_rs, B + n, ldb, C + n, ldc);
-  for (; n < N; n += 16) Panel<1>(accumulate, M, P, A, a_rs, B + n, ldb, C + n, ldc);
+  gemm_bf16_pairs_strided(accumulate, M, N, P, A, a_rs, 1, B, ldb, C, ldc);
+}
+
+void float_rows_to_bf16_pairs(const float* a, const float* b, std::size_t n, float scale,
+                              std::uint32_t* dst) {
+  const __m512 s = _mm512_set1_ps(scale);
+  for (std::size_t c = 0; c < n; c += 16) {
+    const __m512i lo = _mm512_cvtepu16_epi32(
+        reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(a + c), s))));
+    const __m512i hi =
+        b == nullptr ? _mm512_setzero_si512()
+                     : _mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(
+                           _mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(b + c), s))));
+    // Word c is written after float c of a (which dst may alias) was read.
+    _mm512_storeu_si512(dst + c, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+  }
 }
 
 void round_rows_to_bf16_pairs(float* S, std::size_t rows, std::size_t cols, std::size_t ld) {

@@ -23,6 +23,17 @@ void gemm_bf16_pairs(bool accumulate, std::size_t M, std::size_t N, std::size_t 
                      const std::uint32_t* A, std::size_t a_rs, const std::uint32_t* B,
                      std::size_t ldb, float* C, std::size_t ldc);
 
+// gemm_bf16_pairs with A(m, p) = A[m * a_rs + p * a_ps]: A may be a transposed pair tile (the
+// backward's P^T and dS^T, paired along the query rows).
+void gemm_bf16_pairs_strided(bool accumulate, std::size_t M, std::size_t N, std::size_t P,
+                             const std::uint32_t* A, std::size_t a_rs, std::size_t a_ps,
+                             const std::uint32_t* B, std::size_t ldb, float* C, std::size_t ldc);
+
+// dst[c] = (bf16(scale a[c]), bf16(scale b[c])) for c < n, n a multiple of 16, round-to-nearest-
+// even (b null: zero high halves). dst may be a itself: two float rows become one pair row.
+void float_rows_to_bf16_pairs(const float* a, const float* b, std::size_t n, float scale,
+                              std::uint32_t* dst);
+
 // Rounds each float row of a score tile (rows x cols, cols a multiple of 16, row stride ld
 // floats) to bf16 in place, round-to-nearest-even: row r becomes cols / 2 pair words at the
 // start of the same row.

@@ -53,6 +53,53 @@ TEST(Bf16Pairs, GemmMatchesScalarProducts) {
   }
 }
 
+TEST(Bf16Pairs, StridedGemmReadsATransposed) {
+  if (!cpu_has_avx512_bf16()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  std::mt19937 gen(9);
+  // A(m, p) = At[p * lda + m]: the backward's P^T and dS^T, paired along the query rows.
+  const std::size_t M = 17, N = 32, P = 9, lda = 24;
+  std::vector<std::uint32_t> At(P * lda), B(P * N);
+  for (auto& w : At) w = RandomBf16(gen) | std::uint32_t{RandomBf16(gen)} << 16;
+  for (auto& w : B) w = RandomBf16(gen) | std::uint32_t{RandomBf16(gen)} << 16;
+  std::vector<float> C(M * N);
+  gemm_bf16_pairs_strided(false, M, N, P, At.data(), 1, lda, B.data(), N, C.data(), N);
+  for (std::size_t m = 0; m < M; ++m) {
+    for (std::size_t n = 0; n < N; ++n) {
+      double want = 0.0, magnitude = 0.0;
+      for (std::size_t p = 0; p < P; ++p) {
+        const std::uint32_t a = At[p * lda + m], b = B[p * N + n];
+        want += double(Lo(a)) * Lo(b) + double(Hi(a)) * Hi(b);
+        magnitude += std::abs(double(Lo(a)) * Lo(b)) + std::abs(double(Hi(a)) * Hi(b));
+      }
+      EXPECT_NEAR(C[m * N + n], want, 4 * 6e-8 * magnitude + 1e-6) << m << ", " << n;
+    }
+  }
+}
+
+TEST(Bf16Pairs, PairsTwoScaledFloatRowsInPlace) {
+  if (!cpu_has_avx512_bf16()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  std::mt19937 gen(10);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  const std::size_t n = 48;
+  std::vector<float> a(n), b(n);
+  for (auto& x : a) x = dist(gen);
+  for (auto& x : b) x = dist(gen);
+  a[3] = 1.0f + 1.0f / 256;  // a tie: rounds to the even 1.0
+  const std::vector<float> a0 = a;
+  auto* words = reinterpret_cast<std::uint32_t*>(a.data());  // in place over row a
+  float_rows_to_bf16_pairs(a.data(), b.data(), n, 0.5f, words);
+  for (std::size_t c = 0; c < n; ++c) {
+    EXPECT_EQ(words[c] & 0xFFFF, narrow_bf16(0.5f * a0[c]).bits) << c;
+    EXPECT_EQ(words[c] >> 16, narrow_bf16(0.5f * b[c]).bits) << c;
+  }
+  EXPECT_EQ(Lo(words[3]), 0.5f);
+  std::vector<std::uint32_t> alone(n);
+  float_rows_to_bf16_pairs(b.data(), nullptr, n, 1.0f, alone.data());
+  for (std::size_t c = 0; c < n; ++c) {
+    EXPECT_EQ(alone[c], std::uint32_t{narrow_bf16(b[c]).bits}) << "zero high half " << c;
+  }
+}
+
 TEST(Bf16Pairs, RoundsRowsToNearestEvenPairsInPlace) {
   if (!cpu_has_avx512_bf16()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
   std::mt19937 gen(8);
