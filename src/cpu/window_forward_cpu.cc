@@ -292,8 +292,9 @@ void QueryTask(void* ctx, std::int64_t task, int thread) {
   T* lse = static_cast<T*>(p.lse);
   // A strip of vectors one above the other (a step of `per_row` vectors is the next pixel row,
   // exactly when the width is a multiple of L): the next vector's keys are 14 of the 15 rows of
-  // keys a 15-row window just read. Raster order read every row of keys anew from L3 (~60
-  // cycles a line), as 2 x 240 streams (E x window rows) outran the prefetchers.
+  // keys a 15-row window just read, where in raster order they are one vector further along
+  // each of its E x 15 key rows. (Against raster order the measured difference was within the
+  // development VM's run-to-run noise.)
   const std::int64_t strip = (task % plan.tasks_per_head) % plan.per_row;
   const std::int64_t r_begin = (task % plan.tasks_per_head) / plan.per_row * kRowsPerTask;
   for (std::int64_t r = r_begin; r < r_begin + kRowsPerTask; ++r) {
