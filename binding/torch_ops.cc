@@ -320,7 +320,8 @@ std::tuple<at::Tensor, at::Tensor> attention2d_forward(const at::Tensor& q, cons
 }
 
 // A window pattern's forward on the offsets kernel. `layout` is the same pattern's layout, which
-// only the backward walks; it is checked here so that a bad one fails before the forward runs.
+// only the backward walks (and the core validates there); its tensors' count, dtypes and sizes
+// are checked here so that a malformed list fails before the forward's work.
 std::tuple<at::Tensor, at::Tensor> attention2d_window_forward(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& offsets,
     std::int64_t height, std::int64_t width, at::TensorList layout, std::int64_t block_q,

@@ -35,6 +35,7 @@
 #include "core/strided.h"
 #include "core/workspace.h"
 #include "cpu/attention_cpu.h"
+#include "cpu/dtype_dispatch.h"
 #include "cpu/bf16_pairs_avx512.h"
 #include "cpu/scratch.h"
 #include "cpu/tile_ops-inl.h"
@@ -110,28 +111,6 @@ struct BackwardPlan {
   }
 };
 
-#if defined(ATTN2D_NATIVE_BF16)
-// dst[w * ld + e] = (x[2w][e], x[2w + 1][e]) for the tile's rows (a missing row 2w + 1: zero high
-// halves); zero for e in [width, ld).
-inline void PackRowPairs(const BFloat16* base, const Rows& rows, std::int64_t rs, std::int64_t cs,
-                         size_t width, size_t ld, std::uint32_t* dst) {
-  for (size_t w = 0; 2 * w < rows.count; ++w) {
-    std::uint32_t* o = dst + w * ld;
-    const BFloat16* a = base + rows[2 * w] * rs;
-    const BFloat16* b = 2 * w + 1 < rows.count ? base + rows[2 * w + 1] * rs : nullptr;
-    if (cs == 1) {
-      interleave_bf16_rows(&a->bits, b == nullptr ? nullptr : &b->bits, width, o);
-    } else {
-      for (size_t e = 0; e < width; ++e) {
-        const std::int64_t off = static_cast<std::int64_t>(e) * cs;
-        o[e] = Bf16Pair(a[off], b == nullptr ? BFloat16{0} : b[off]);
-      }
-    }
-    std::fill(o + width, o + ld, 0u);
-  }
-}
-#endif
-
 // Packs the query-side tile (rows of slice b, h): scaled q, dO, delta = rowsum(dO * O), lse.
 template <typename T, typename IO>
 HWY_INLINE void PackQueryTile(const AttentionBackwardParams& bp, const BackwardPlan<T>& plan,
@@ -151,11 +130,12 @@ HWY_INLINE void PackQueryTile(const AttentionBackwardParams& bp, const BackwardP
       PackQueryPairs(static_cast<const IO*>(bp.dout) + offset4(bp.dout_stride, b, h, 0, 0), rows,
                      bp.dout_stride[2], bp.dout_stride[3], Ev,
                      reinterpret_cast<std::uint32_t*>(a.dout2));
+      const size_t pairs = (rows.count + 1) / 2;
       PackRowPairs(static_cast<const IO*>(p.q) + offset4(p.q_stride, b, h, 0, 0), rows,
-                   p.q_stride[2], p.q_stride[3], E, plan.dim_qk_pad,
+                   p.q_stride[2], p.q_stride[3], E, plan.dim_qk_pad, pairs,
                    reinterpret_cast<std::uint32_t*>(a.q_rp));
       PackRowPairs(static_cast<const IO*>(bp.dout) + offset4(bp.dout_stride, b, h, 0, 0), rows,
-                   bp.dout_stride[2], bp.dout_stride[3], Ev, plan.dim_v_pad,
+                   bp.dout_stride[2], bp.dout_stride[3], Ev, plan.dim_v_pad, pairs,
                    reinterpret_cast<std::uint32_t*>(a.dout_rp));
     }
   }
@@ -245,7 +225,7 @@ HWY_INLINE void PackKeyTile(const AttentionParams& p, const BackwardPlan<T>& pla
     if constexpr (std::is_same<IO, BFloat16>::value) {
       if (plan.native_bf16) {  // K paired along the keys: B of dQ = dS K on pairs
         PackRowPairs(k, keys, p.k_stride[2], p.k_stride[3], E, plan.dim_qk_pad,
-                     reinterpret_cast<std::uint32_t*>(a.k));
+                     (keys.count + 1) / 2, reinterpret_cast<std::uint32_t*>(a.k));
         return;
       }
     }
@@ -728,18 +708,7 @@ Status Backward(const AttentionBackwardParams& bp, const Host& host) {
   return Status::Ok();
 }
 
-Status BackwardFloat32(const AttentionBackwardParams& p, const Host& host) {
-  return Backward<float, float>(p, host);
-}
-Status BackwardFloat64(const AttentionBackwardParams& p, const Host& host) {
-  return Backward<double, double>(p, host);
-}
-Status BackwardBFloat16(const AttentionBackwardParams& p, const Host& host) {
-  return Backward<float, BFloat16>(p, host);
-}
-Status BackwardFloat16(const AttentionBackwardParams& p, const Host& host) {
-  return Backward<float, Float16>(p, host);
-}
+ATTN2D_DTYPE_INSTANCES(Backward, Backward, AttentionBackwardParams)
 
 #undef ATTN2D_NATIVE_BF16  // this file is compiled once per target
 
@@ -752,24 +721,7 @@ HWY_AFTER_NAMESPACE();
 namespace attn2d {
 namespace cpu {
 
-HWY_EXPORT(BackwardFloat32);
-HWY_EXPORT(BackwardFloat64);
-HWY_EXPORT(BackwardBFloat16);
-HWY_EXPORT(BackwardFloat16);
-
-Status attention_backward(const AttentionBackwardParams& params, const Host& host) {
-  switch (params.fwd.dtype) {
-    case DType::kFloat64:
-      return HWY_DYNAMIC_DISPATCH(BackwardFloat64)(params, host);
-    case DType::kBFloat16:
-      return HWY_DYNAMIC_DISPATCH(BackwardBFloat16)(params, host);
-    case DType::kFloat16:
-      return HWY_DYNAMIC_DISPATCH(BackwardFloat16)(params, host);
-    case DType::kFloat32:
-      break;
-  }
-  return HWY_DYNAMIC_DISPATCH(BackwardFloat32)(params, host);
-}
+ATTN2D_DTYPE_DISPATCH(Backward, attention_backward, AttentionBackwardParams)
 
 }  // namespace cpu
 }  // namespace attn2d

@@ -19,6 +19,7 @@
 #include "core/strided.h"
 #include "core/workspace.h"
 #include "cpu/attention_cpu.h"
+#include "cpu/dtype_dispatch.h"
 #include "cpu/bf16_pairs_avx512.h"
 #include "cpu/scratch.h"
 #include "cpu/tile_ops-inl.h"
@@ -96,32 +97,6 @@ HWY_INLINE void FinishQueryTile(const AttentionParams& p, const ForwardPlan<T>& 
 
 #if defined(ATTN2D_HAVE_AVX512_BF16) && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL)
 #define ATTN2D_NATIVE_BF16 1
-
-// dst[j * ld + e] = (v[2j][e], v[2j + 1][e]) for j < cols_pad / 2; zero past the keys and for e
-// in [Ev, ld).
-inline void PackValuePairs(const BFloat16* base, const Rows& keys, std::int64_t rs,
-                           std::int64_t cs, size_t Ev, std::uint32_t* dst, size_t ld,
-                           size_t cols_pad) {
-  for (size_t j = 0; j < cols_pad / 2; ++j) {
-    std::uint32_t* o = dst + j * ld;
-    const size_t r0 = 2 * j, r1 = 2 * j + 1;
-    if (r0 >= keys.count) {
-      std::fill(o, o + ld, 0u);
-      continue;
-    }
-    const BFloat16* a = base + keys[r0] * rs;
-    const BFloat16* b = r1 < keys.count ? base + keys[r1] * rs : nullptr;
-    if (cs == 1) {
-      interleave_bf16_rows(&a->bits, b == nullptr ? nullptr : &b->bits, Ev, o);
-    } else {
-      for (size_t e = 0; e < Ev; ++e) {
-        o[e] = Bf16Pair(a[static_cast<std::int64_t>(e) * cs],
-                        b == nullptr ? BFloat16{0} : b[static_cast<std::int64_t>(e) * cs]);
-      }
-    }
-    std::fill(o + Ev, o + ld, 0u);
-  }
-}
 #endif
 
 // Packs the query tile and resets the online-softmax state.
@@ -165,8 +140,8 @@ HWY_INLINE void VisitKeyTileBf16(const AttentionParams& p, const ForwardPlan<T>&
   auto* v2 = reinterpret_cast<std::uint32_t*>(a.v);
   PackKeyPairsTransposed(static_cast<const BFloat16*>(p.k) + offset4(p.k_stride, b, h, 0, 0),
                          keys, p.k_stride[2], p.k_stride[3], E, kt2, bk, cols_pad);
-  PackValuePairs(static_cast<const BFloat16*>(p.v) + offset4(p.v_stride, b, h, 0, 0), keys,
-                 p.v_stride[2], p.v_stride[3], static_cast<size_t>(p.dim_v), v2, Evp, cols_pad);
+  PackRowPairs(static_cast<const BFloat16*>(p.v) + offset4(p.v_stride, b, h, 0, 0), keys,
+               p.v_stride[2], p.v_stride[3], static_cast<size_t>(p.dim_v), Evp, cols_pad / 2, v2);
   PairScores(rows, cols_pad, W, q2, kt2, bk, static_cast<T>(p.scale), a.s);
   mask(a.s, cols_pad);
   OnlineSoftmaxStep(a.s, rows, cols_pad, bk, a.m, a.l, a.acc, Evp);
@@ -285,18 +260,7 @@ Status Forward(const AttentionParams& p, const Host& host) {
   return Status::Ok();
 }
 
-Status ForwardFloat32(const AttentionParams& p, const Host& host) {
-  return Forward<float, float>(p, host);
-}
-Status ForwardFloat64(const AttentionParams& p, const Host& host) {
-  return Forward<double, double>(p, host);
-}
-Status ForwardBFloat16(const AttentionParams& p, const Host& host) {
-  return Forward<float, BFloat16>(p, host);
-}
-Status ForwardFloat16(const AttentionParams& p, const Host& host) {
-  return Forward<float, Float16>(p, host);
-}
+ATTN2D_DTYPE_INSTANCES(Forward, Forward, AttentionParams)
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
 
 #undef ATTN2D_NATIVE_BF16  // this file is compiled once per target
@@ -310,25 +274,12 @@ HWY_AFTER_NAMESPACE();
 namespace attn2d {
 namespace cpu {
 
-HWY_EXPORT(ForwardFloat32);
-HWY_EXPORT(ForwardFloat64);
-HWY_EXPORT(ForwardBFloat16);
-HWY_EXPORT(ForwardFloat16);
 HWY_EXPORT(TargetName);
+ATTN2D_DTYPE_DISPATCH(Forward, tiled_forward, AttentionParams)
 
 Status attention_forward(const AttentionParams& params, const Host& host) {
   if (params.window != nullptr) return window_forward(params, host);
-  switch (params.dtype) {
-    case DType::kFloat64:
-      return HWY_DYNAMIC_DISPATCH(ForwardFloat64)(params, host);
-    case DType::kBFloat16:
-      return HWY_DYNAMIC_DISPATCH(ForwardBFloat16)(params, host);
-    case DType::kFloat16:
-      return HWY_DYNAMIC_DISPATCH(ForwardFloat16)(params, host);
-    case DType::kFloat32:
-      break;
-  }
-  return HWY_DYNAMIC_DISPATCH(ForwardFloat32)(params, host);
+  return tiled_forward(params, host);
 }
 
 const char* simd_target_name() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }

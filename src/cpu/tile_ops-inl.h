@@ -471,6 +471,31 @@ inline void PackKeyPairsTransposed(const BFloat16* base, const Rows& keys, std::
   }
 }
 
+// dst[w * ld + e] = (x[2w][e], x[2w + 1][e]) for w < pairs: bf16 rows paired along the row axis
+// (V and K along the keys, q and dO along the queries). Zero high halves for a missing row
+// 2w + 1, zero words past the rows and for e in [width, ld).
+inline void PackRowPairs(const BFloat16* base, const Rows& rows, std::int64_t rs, std::int64_t cs,
+                         size_t width, size_t ld, size_t pairs, std::uint32_t* dst) {
+  for (size_t w = 0; w < pairs; ++w) {
+    std::uint32_t* o = dst + w * ld;
+    if (2 * w >= rows.count) {
+      std::fill(o, o + ld, 0u);
+      continue;
+    }
+    const BFloat16* a = base + rows[2 * w] * rs;
+    const BFloat16* b = 2 * w + 1 < rows.count ? base + rows[2 * w + 1] * rs : nullptr;
+    if (cs == 1) {
+      interleave_bf16_rows(&a->bits, b == nullptr ? nullptr : &b->bits, width, o);
+    } else {
+      for (size_t e = 0; e < width; ++e) {
+        const std::int64_t off = static_cast<std::int64_t>(e) * cs;
+        o[e] = Bf16Pair(a[off], b == nullptr ? BFloat16{0} : b[off]);
+      }
+    }
+    std::fill(o + width, o + ld, 0u);
+  }
+}
+
 #endif
 
 // ---------------------------------------------------------------------------------------------

@@ -33,6 +33,7 @@
 #include "core/strided.h"
 #include "core/workspace.h"
 #include "cpu/attention_cpu.h"
+#include "cpu/dtype_dispatch.h"
 #include "cpu/scratch.h"
 #include "cpu/tiling.h"
 #include "cpu/tile_ops-inl.h"
@@ -419,18 +420,7 @@ Status WindowForward(const AttentionParams& p, const Host& host) {
   return Status::Ok();
 }
 
-Status WindowForwardFloat32(const AttentionParams& p, const Host& host) {
-  return WindowForward<float, float>(p, host);
-}
-Status WindowForwardFloat64(const AttentionParams& p, const Host& host) {
-  return WindowForward<double, double>(p, host);
-}
-Status WindowForwardBFloat16(const AttentionParams& p, const Host& host) {
-  return WindowForward<float, BFloat16>(p, host);
-}
-Status WindowForwardFloat16(const AttentionParams& p, const Host& host) {
-  return WindowForward<float, Float16>(p, host);
-}
+ATTN2D_DTYPE_INSTANCES(WindowForward, WindowForward, AttentionParams)
 
 }  // namespace HWY_NAMESPACE
 }  // namespace cpu
@@ -441,24 +431,7 @@ HWY_AFTER_NAMESPACE();
 namespace attn2d {
 namespace cpu {
 
-HWY_EXPORT(WindowForwardFloat32);
-HWY_EXPORT(WindowForwardFloat64);
-HWY_EXPORT(WindowForwardBFloat16);
-HWY_EXPORT(WindowForwardFloat16);
-
-Status window_forward(const AttentionParams& params, const Host& host) {
-  switch (params.dtype) {
-    case DType::kFloat64:
-      return HWY_DYNAMIC_DISPATCH(WindowForwardFloat64)(params, host);
-    case DType::kBFloat16:
-      return HWY_DYNAMIC_DISPATCH(WindowForwardBFloat16)(params, host);
-    case DType::kFloat16:
-      return HWY_DYNAMIC_DISPATCH(WindowForwardFloat16)(params, host);
-    case DType::kFloat32:
-      break;
-  }
-  return HWY_DYNAMIC_DISPATCH(WindowForwardFloat32)(params, host);
-}
+ATTN2D_DTYPE_DISPATCH(WindowForward, window_forward, AttentionParams)
 
 }  // namespace cpu
 }  // namespace attn2d
