@@ -55,6 +55,10 @@ def _worker(rank: int, world: int, port: int, result_path: str) -> None:
             report.append((index, float((gathered[0] - gathered[1]).abs().max()), moved))
         if rank == 0:
             torch.save(report, result_path)
+        # Both ranks leave their last collective before either tears gloo down: without it a
+        # rank could exit mid-teardown and abort ("terminate called without an active
+        # exception"), 1 CI run in ~8 on the loaded 2-core VM.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
