@@ -1,0 +1,273 @@
+// Per-target building blocks of the window kernels (window_forward_cpu.cc,
+// window_backward_cpu.cc). One vector holds L consecutive raster queries; for an offset o their
+// keys sit at the same raster distance off[o], so every product below is a contiguous load
+// shifted by off[o] from a packed (rows, ld) buffer (window_geometry.h), with no gather.
+// Included once per SIMD target by foreach_target.h (hence the toggle guard below).
+
+#if defined(ATTN2D_SRC_CPU_WINDOW_OPS_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef ATTN2D_SRC_CPU_WINDOW_OPS_INL_H_
+#undef ATTN2D_SRC_CPU_WINDOW_OPS_INL_H_
+#else
+#define ATTN2D_SRC_CPU_WINDOW_OPS_INL_H_
+#endif
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+
+#include "cpu/tile_ops-inl.h"
+#include "cpu/window_geometry.h"
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace attn2d {
+namespace cpu {
+namespace HWY_NAMESPACE {
+
+// Offsets whose scores are summed in one sweep: 8 independent FMA chains cover the FMA latency
+// (4 cycles) at two FMAs per cycle.
+constexpr size_t kOffsetsPerSweep = 8;
+// Rows (of Q^T, V^T, ...) held in registers per sweep: 16 vectors + 8 accumulators of AVX-512's
+// 32. Packed buffers round their rows up to a multiple of 4 (zero rows).
+constexpr size_t kMaxQuads = 4;
+constexpr size_t kRowsPerSweep = 4 * kMaxQuads;
+
+// S[o * L + lane] = sum over the 4 kQuads rows i of a[i * ld + lane] * b[i * ld + off[o] + lane]
+// (plus S's old value when kAccumulate); returns the lane-wise max of the new S when kMax.
+template <size_t kQuads, bool kAccumulate, bool kMax, class D, typename T>
+HWY_INLINE hn::Vec<D> ShiftedDots(D d, const T* HWY_RESTRICT a, const T* HWY_RESTRICT b,
+                                  size_t ld, const std::int64_t* HWY_RESTRICT off, size_t count,
+                                  T* HWY_RESTRICT S, hn::Vec<D> vmax) {
+  constexpr size_t kRows = 4 * kQuads, kG = kOffsetsPerSweep;
+  const size_t L = hn::Lanes(d);
+  hn::Vec<D> av[kRows];
+  HWY_UNROLL(16)
+  for (size_t i = 0; i < kRows; ++i) av[i] = hn::LoadU(d, a + i * ld);
+  size_t o = 0;
+  for (; o + kG <= count; o += kG) {
+    hn::Vec<D> s[kG];
+    HWY_UNROLL(8)
+    for (size_t g = 0; g < kG; ++g) s[g] = kAccumulate ? hn::Load(d, S + (o + g) * L) : hn::Zero(d);
+    HWY_UNROLL(16)
+    for (size_t i = 0; i < kRows; ++i) {
+      HWY_UNROLL(8)
+      for (size_t g = 0; g < kG; ++g) {
+        s[g] = hn::MulAdd(av[i], hn::LoadU(d, b + i * ld + off[o + g]), s[g]);
+      }
+    }
+    HWY_UNROLL(8)
+    for (size_t g = 0; g < kG; ++g) {
+      hn::Store(s[g], d, S + (o + g) * L);
+      if (kMax) vmax = hn::Max(vmax, s[g]);
+    }
+  }
+  for (; o < count; ++o) {
+    auto s = kAccumulate ? hn::Load(d, S + o * L) : hn::Zero(d);
+    HWY_UNROLL(16)
+    for (size_t i = 0; i < kRows; ++i) s = hn::MulAdd(av[i], hn::LoadU(d, b + i * ld + off[o]), s);
+    hn::Store(s, d, S + o * L);
+    if (kMax) vmax = hn::Max(vmax, s);
+  }
+  return vmax;
+}
+
+// S[o * L + lane] = sum over rows r < rows (a multiple of 4) of a[r * ld + lane] *
+// b[r * ld + off[o] + lane], for every offset; returns the lane-wise max when track_max.
+template <class D, typename T>
+HWY_INLINE hn::Vec<D> VectorDots(D d, const WindowGeometry<T>& g, const T* a, const T* b,
+                                 size_t rows, T* S, bool track_max) {
+  const size_t ld = static_cast<size_t>(g.ld), count = static_cast<size_t>(g.count);
+  const std::int64_t* off = g.off.data();
+  auto vmax = hn::Set(d, -std::numeric_limits<T>::infinity());
+  for (size_t r0 = 0; r0 < rows; r0 += kRowsPerSweep) {
+    const size_t quads = std::min(kMaxQuads, (rows - r0) / 4);
+    const bool first = r0 == 0, last = r0 + 4 * quads == rows;
+    const T* ar = a + r0 * ld;
+    const T* br = b + r0 * ld;
+#define ATTN2D_SHIFTED_DOTS(Q)                                                   \
+  if (first && last && track_max) {                                               \
+    vmax = ShiftedDots<Q, false, true>(d, ar, br, ld, off, count, S, vmax);      \
+  } else if (first) {                                                             \
+    ShiftedDots<Q, false, false>(d, ar, br, ld, off, count, S, vmax);            \
+  } else if (last && track_max) {                                                 \
+    vmax = ShiftedDots<Q, true, true>(d, ar, br, ld, off, count, S, vmax);       \
+  } else {                                                                        \
+    ShiftedDots<Q, true, false>(d, ar, br, ld, off, count, S, vmax);             \
+  }
+    switch (quads) {
+      case 1:
+        ATTN2D_SHIFTED_DOTS(1) break;
+      case 2:
+        ATTN2D_SHIFTED_DOTS(2) break;
+      case 3:
+        ATTN2D_SHIFTED_DOTS(3) break;
+      default:
+        ATTN2D_SHIFTED_DOTS(4) break;
+    }
+#undef ATTN2D_SHIFTED_DOTS
+  }
+  return vmax;
+}
+
+// out[i * L + lane] = sum over o of P[o * L + lane] * b[i * ld + off[o] + lane], i < 4 kQuads.
+// kExp: P holds the scores S on entry, and P = exp(S - shift) is formed here, stored back for
+// the later sweeps of a wider Ev, and summed into *sum: the exp's ~26 float instructions then
+// overlap this loop's loads, where a separate pass over P spent ~16 cycles per vector (the
+// forward at 128x128 with a 15x15 window ran 12% faster, best of 25 runs, 3 runs each).
+template <size_t kQuads, bool kExp, class D, typename T>
+HWY_INLINE void ShiftedCombine(D d, T* HWY_RESTRICT P, const T* HWY_RESTRICT b, size_t ld,
+                               const std::int64_t* HWY_RESTRICT off, size_t count,
+                               T* HWY_RESTRICT out, hn::Vec<D> shift, hn::Vec<D>* sum) {
+  constexpr size_t kRows = 4 * kQuads;
+  const size_t L = hn::Lanes(d);
+  hn::Vec<D> acc[kRows];
+  HWY_UNROLL(16)
+  for (size_t i = 0; i < kRows; ++i) acc[i] = hn::Zero(d);
+  auto total = hn::Zero(d);
+  for (size_t o = 0; o < count; ++o) {
+    auto pv = hn::Load(d, P + o * L);
+    if (kExp) {
+      pv = ExpOf(d, hn::Sub(pv, shift));
+      hn::Store(pv, d, P + o * L);
+      total = hn::Add(total, pv);
+    }
+    const T* bo = b + off[o];
+    HWY_UNROLL(16)
+    for (size_t i = 0; i < kRows; ++i) acc[i] = hn::MulAdd(pv, hn::LoadU(d, bo + i * ld), acc[i]);
+  }
+  HWY_UNROLL(16)
+  for (size_t i = 0; i < kRows; ++i) hn::Store(acc[i], d, out + i * L);
+  if (kExp) *sum = total;
+}
+
+// ShiftedCombine over `quads` (1..4) quads of rows; with `exp`, P holds scores and becomes
+// exp(S - shift), their sum going to *sum.
+template <class D, typename T>
+HWY_INLINE void VectorCombine(D d, const WindowGeometry<T>& g, T* P, const T* b, size_t quads,
+                              T* out, bool exp, hn::Vec<D> shift, hn::Vec<D>* sum) {
+  const size_t ld = static_cast<size_t>(g.ld), count = static_cast<size_t>(g.count);
+  const std::int64_t* off = g.off.data();
+#define ATTN2D_SHIFTED_COMBINE(Q)                                                  \
+  return exp ? ShiftedCombine<Q, true>(d, P, b, ld, off, count, out, shift, sum) \
+             : ShiftedCombine<Q, false>(d, P, b, ld, off, count, out, shift, sum)
+  switch (quads) {
+    case 1:
+      ATTN2D_SHIFTED_COMBINE(1);
+    case 2:
+      ATTN2D_SHIFTED_COMBINE(2);
+    case 3:
+      ATTN2D_SHIFTED_COMBINE(3);
+    default:
+      ATTN2D_SHIFTED_COMBINE(4);
+  }
+#undef ATTN2D_SHIFTED_COMBINE
+}
+
+// dst[i * ld + off[o] + lane] += P[o * L + lane] * a[i * ld + lane] for every offset and the
+// 4 kQuads rows i: the transpose of ShiftedCombine, scattering a query vector's terms onto the
+// keys it sees (dK^T += dS q, dV^T += P dO).
+template <size_t kQuads, class D, typename T>
+HWY_INLINE void ShiftedScatter(D d, const T* HWY_RESTRICT P, const T* HWY_RESTRICT a, size_t ld,
+                               const std::int64_t* HWY_RESTRICT off, size_t count,
+                               T* HWY_RESTRICT dst) {
+  constexpr size_t kRows = 4 * kQuads;
+  const size_t L = hn::Lanes(d);
+  hn::Vec<D> av[kRows];
+  HWY_UNROLL(16)
+  for (size_t i = 0; i < kRows; ++i) av[i] = hn::Load(d, a + i * ld);
+  for (size_t o = 0; o < count; ++o) {
+    const auto pv = hn::Load(d, P + o * L);
+    T* to = dst + off[o];
+    HWY_UNROLL(16)
+    for (size_t i = 0; i < kRows; ++i) {
+      hn::StoreU(hn::MulAdd(pv, av[i], hn::LoadU(d, to + i * ld)), d, to + i * ld);
+    }
+  }
+}
+
+// ShiftedScatter over rows r < rows (a multiple of 4).
+template <class D, typename T>
+HWY_INLINE void VectorScatter(D d, const WindowGeometry<T>& g, const T* P, const T* a,
+                              size_t rows, T* dst) {
+  const size_t ld = static_cast<size_t>(g.ld), count = static_cast<size_t>(g.count);
+  const std::int64_t* off = g.off.data();
+  for (size_t r0 = 0; r0 < rows; r0 += kRowsPerSweep) {
+    const T* ar = a + r0 * ld;
+    T* dr = dst + r0 * ld;
+    switch (std::min(kMaxQuads, (rows - r0) / 4)) {
+      case 1:
+        ShiftedScatter<1>(d, P, ar, ld, off, count, dr);
+        break;
+      case 2:
+        ShiftedScatter<2>(d, P, ar, ld, off, count, dr);
+        break;
+      case 3:
+        ShiftedScatter<3>(d, P, ar, ld, off, count, dr);
+        break;
+      default:
+        ShiftedScatter<4>(d, P, ar, ld, off, count, dr);
+        break;
+    }
+  }
+}
+
+// Sets to -inf the scores S (count, L) of the lanes of the vector from query q0 whose key at an
+// offset falls outside the map (and every score of lanes past the last query); returns their
+// lane-wise max. lanes_i, lanes_j: (L,) scratch.
+template <class D, typename T>
+HWY_INLINE hn::Vec<D> MaskOutside(D d, const WindowGeometry<T>& g, std::int64_t q0, T* lanes_i,
+                                  T* lanes_j, T* S) {
+  const size_t L = hn::Lanes(d);
+  const std::int64_t N = g.height * g.width;
+  for (size_t lane = 0; lane < L; ++lane) {
+    const std::int64_t n = q0 + static_cast<std::int64_t>(lane);
+    // A row of -2 * height puts a lane past N out of reach of every offset.
+    lanes_i[lane] = n < N ? static_cast<T>(n / g.width) : static_cast<T>(-2 * g.height);
+    lanes_j[lane] = static_cast<T>(n % g.width);
+  }
+  const auto neg_inf = hn::Set(d, -std::numeric_limits<T>::infinity());
+  const auto i_lo = hn::Sub(hn::Zero(d), hn::Load(d, lanes_i));  // dr >= -i
+  const auto i_hi = hn::Sub(hn::Set(d, static_cast<T>(g.height - 1)), hn::Load(d, lanes_i));
+  const auto j_lo = hn::Sub(hn::Zero(d), hn::Load(d, lanes_j));
+  const auto j_hi = hn::Sub(hn::Set(d, static_cast<T>(g.width - 1)), hn::Load(d, lanes_j));
+  auto vmax = neg_inf;
+  for (size_t o = 0; o < static_cast<size_t>(g.count); ++o) {
+    const auto dr = hn::Set(d, g.dr[o]), dc = hn::Set(d, g.dc[o]);
+    const auto inside = hn::And(hn::And(hn::Ge(dr, i_lo), hn::Le(dr, i_hi)),
+                                hn::And(hn::Ge(dc, j_lo), hn::Le(dc, j_hi)));
+    const auto s = hn::IfThenElse(inside, hn::Load(d, S + o * L), neg_inf);
+    hn::Store(s, d, S + o * L);
+    vmax = hn::Max(vmax, s);
+  }
+  return vmax;
+}
+
+// Packs positions [n0, n0 + count) of one head's (N, width) rows from `base` (strides in
+// elements, base at (b, h, 0, 0)) into dst (rows_pad, ld) transposed, at columns margin + n;
+// zeroes the padding rows, and the margins in the tasks holding the first and last positions.
+template <typename T, typename IO>
+HWY_INLINE void PackWindowRows(const WindowGeometry<T>& g, const IO* base,
+                               const std::int64_t* stride, std::int64_t n0, std::int64_t count,
+                               size_t width, size_t rows_pad, T* dst) {
+  const size_t ld = static_cast<size_t>(g.ld), n = static_cast<size_t>(count);
+  const std::int64_t N = g.height * g.width;
+  const size_t col = static_cast<size_t>(g.margin + n0);
+  const Rows rows{nullptr, 0, n};
+  if (width > 0) {
+    PackTransposed(base + n0 * stride[2], rows, stride[2], stride[3], width, dst + col, ld, n);
+  }
+  for (size_t e = width; e < rows_pad; ++e) std::fill(dst + e * ld + col, dst + e * ld + col + n, T(0));
+  for (size_t e = 0; e < rows_pad; ++e) {
+    T* row = dst + e * ld;
+    if (n0 == 0) std::fill(row, row + g.margin, T(0));
+    if (n0 + count == N) std::fill(row + g.margin + N, row + ld, T(0));
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace cpu
+}  // namespace attn2d
+HWY_AFTER_NAMESPACE();
+
+#endif  // ATTN2D_SRC_CPU_WINDOW_OPS_INL_H_
