@@ -204,11 +204,13 @@ std::tuple<at::Tensor, at::Tensor> attention_forward(const at::Tensor& q, const 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_with_layout(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse, const std::optional<at::Tensor>& attn_mask,
-    bool is_causal, double scale, const SparseLayout* layout, const char* op) {
+    bool is_causal, double scale, const SparseLayout* layout, const char* op,
+    const WindowOffsets* window = nullptr) {
   AttentionBackwardParams bp;
   at::Tensor mask_holder;
   bp.fwd = make_params(q, k, v, attn_mask, is_causal, scale, op, &mask_holder);
   bp.fwd.layout = layout;
+  bp.fwd.window = window;
   AttentionParams& p = bp.fwd;
   for (const auto& [t, name] : {std::pair<const at::Tensor&, const char*>{grad_out, "grad_out"},
                                 {out, "out"}}) {
@@ -319,16 +321,10 @@ std::tuple<at::Tensor, at::Tensor> attention2d_forward(const at::Tensor& q, cons
   return forward_with_layout(q, k, v, std::nullopt, false, scale, &lay, op);
 }
 
-// A window pattern's forward on the offsets kernel. `layout` is the same pattern's layout, which
-// only the backward walks (and the core validates there); its tensors' count, dtypes and sizes
-// are checked here so that a malformed list fails before the forward's work.
-std::tuple<at::Tensor, at::Tensor> attention2d_window_forward(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& offsets,
-    std::int64_t height, std::int64_t width, at::TensorList layout, std::int64_t block_q,
-    double scale) {
-  const char* op = "attn2d.attention2d_window_forward";
-  check_layout_heads(layout, q, op);
-  make_layout(layout, block_q, op);
+// The offsets of a window op (a (2, count) int32 tensor: row offsets, then column offsets) as
+// the core's view of them; the core validates their values.
+WindowOffsets window_offsets(const at::Tensor& offsets, std::int64_t height, std::int64_t width,
+                             const char* op) {
   TORCH_CHECK_VALUE(offsets.device().is_cpu() && offsets.scalar_type() == at::kInt &&
                         offsets.dim() == 2 && offsets.size(0) == 2 && offsets.is_contiguous(),
                     op, ": offsets must be a contiguous CPU int32 tensor of shape (2, count); got ",
@@ -337,7 +333,26 @@ std::tuple<at::Tensor, at::Tensor> attention2d_window_forward(
   w.height = height, w.width = width, w.count = offsets.size(1);
   w.dr = offsets.data_ptr<std::int32_t>();
   w.dc = w.dr + w.count;
+  return w;
+}
+
+// A window pattern's forward and backward on the offsets kernels (cpu/window_*_cpu.cc).
+std::tuple<at::Tensor, at::Tensor> attention2d_window_forward(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& offsets,
+    std::int64_t height, std::int64_t width, double scale) {
+  const char* op = "attn2d.attention2d_window_forward";
+  const WindowOffsets w = window_offsets(offsets, height, width, op);
   return forward_with_layout(q, k, v, std::nullopt, false, scale, nullptr, op, &w);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention2d_window_backward(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& offsets, std::int64_t height,
+    std::int64_t width, double scale) {
+  const char* op = "attn2d.attention2d_window_backward";
+  const WindowOffsets w = window_offsets(offsets, height, width, op);
+  return backward_with_layout(grad_out, q, k, v, out, lse, std::nullopt, false, scale, nullptr,
+                              op, &w);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention2d_backward(
@@ -395,7 +410,11 @@ TORCH_LIBRARY(attn2d, m) {
       "Tensor grad_v)");
   m.def(
       "attention2d_window_forward(Tensor q, Tensor k, Tensor v, Tensor offsets, int height, "
-      "int width, Tensor[] layout, int block_q, float scale) -> (Tensor out, Tensor lse)");
+      "int width, float scale) -> (Tensor out, Tensor lse)");
+  m.def(
+      "attention2d_window_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, "
+      "Tensor lse, Tensor offsets, int height, int width, float scale) -> (Tensor grad_q, "
+      "Tensor grad_k, Tensor grad_v)");
   m.def("cpu_simd_target() -> str", &attn2d::binding::cpu_simd_target);
   m.def("fma_peak_gflops(float seconds=0.2) -> float", &attn2d::binding::fma_peak_gflops);
   m.def("host_threads_used(int tasks) -> int", &attn2d::binding::host_threads_used);
@@ -407,4 +426,5 @@ TORCH_LIBRARY_IMPL(attn2d, CPU, m) {
   m.impl("attention2d_forward", &attn2d::binding::attention2d_forward);
   m.impl("attention2d_backward", &attn2d::binding::attention2d_backward);
   m.impl("attention2d_window_forward", &attn2d::binding::attention2d_window_forward);
+  m.impl("attention2d_window_backward", &attn2d::binding::attention2d_window_backward);
 }

@@ -51,8 +51,8 @@ struct AttentionParams {
   // A sparse pattern over raster-ordered queries and keys (len_q, len_k = grid sizes); null:
   // dense attention. Excludes `mask` and `is_causal`.
   const SparseLayout* layout = nullptr;
-  // A window given as offsets (attn2d/window_offsets.h); null: none. Forward only (the
-  // backward takes the same pattern as a layout). Excludes `mask`, `is_causal` and `layout`.
+  // A window given as offsets (attn2d/window_offsets.h); null: none. Excludes `mask`,
+  // `is_causal` and `layout`.
   const WindowOffsets* window = nullptr;
 };
 

@@ -208,8 +208,8 @@ def build(pattern, q_hw: tuple[int, int], kv_hw: tuple[int, int], heads: int):
 @functools.lru_cache(maxsize=32)
 def window_offsets(pattern, q_hw: tuple[int, int], kv_hw: tuple[int, int]):
     """A (2, count) int32 tensor of the window's (row, column) offsets in key pixels, for the
-    forward kernel that vectorises across queries (src/cpu/window_forward_cpu.cc), or None
-    where that kernel does not apply: other patterns, pooled keys (a query's keys are then not
+    window kernels that vectorise across queries (src/cpu/window_forward_cpu.cc and
+    window_backward_cpu.cc), or None where they do not apply: other patterns, pooled keys (a query's keys are then not
     at a fixed raster distance), border "shift" (the window moves near the border), and windows
     so large against the map that most offsets fall outside it (that kernel computes every
     offset for every query: above 2x the allowed pairs, the tiles waste less)."""
@@ -225,9 +225,10 @@ def window_offsets(pattern, q_hw: tuple[int, int], kv_hw: tuple[int, int]):
     return torch.tensor(offsets, dtype=torch.int32).t().contiguous()
 
 
-def forward_visited_pairs(pattern, q_hw, kv_hw, layout) -> int:
-    """(query, key) pairs the forward computes for one image, summed over the heads: every
-    offset of every query on the window kernel, else the layout's visited pairs."""
+def kernel_visited_pairs(pattern, q_hw, kv_hw, layout) -> int:
+    """(query, key) pairs the forward and the backward each compute for one image, summed over
+    the heads: every offset of every query on the window kernels, else the layout's visited
+    pairs."""
     offsets = window_offsets(pattern, tuple(q_hw), tuple(kv_hw))
     if offsets is None:
         return visited_pairs(layout)

@@ -105,20 +105,30 @@ torch.library.register_autograd(
 
 
 @torch.library.register_fake("attn2d::attention2d_window_forward")
-def _attention2d_window_forward_fake(q, k, v, offsets, height, width, layout, block_q, scale):
+def _attention2d_window_forward_fake(q, k, v, offsets, height, width, scale):
     _checks.check_attention("attn2d.attention2d_window_forward", q, k, v, None, check_device=False)
     return _forward_outputs(q, v)
 
 
+@torch.library.register_fake("attn2d::attention2d_window_backward")
+def _attention2d_window_backward_fake(grad_out, q, k, v, out, lse, offsets, height, width, scale):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
 def _window_setup_context(ctx, inputs, output):
-    q, k, v, offsets, height, width, layout, block_q, scale = inputs
-    _forward2d_setup_context(ctx, (q, k, v, layout, block_q, scale), output)
+    q, k, v, offsets, height, width, scale = inputs
+    out, lse = output
+    ctx.mark_non_differentiable(lse)
+    ctx.save_for_backward(q, k, v, out, lse, offsets)
+    ctx.height, ctx.width, ctx.scale = height, width, scale
 
 
 def _window_backward(ctx, grad_out, grad_lse):
-    # The backward walks the same pattern's layout: the window kernel is forward only.
-    dq, dk, dv, layout_grads, _, _ = _forward2d_backward(ctx, grad_out, grad_lse)
-    return dq, dk, dv, None, None, None, layout_grads, None, None
+    q, k, v, out, lse, offsets = ctx.saved_tensors
+    dq, dk, dv = torch.ops.attn2d.attention2d_window_backward(
+        grad_out, q, k, v, out, lse, offsets, ctx.height, ctx.width, ctx.scale
+    )
+    return dq, dk, dv, None, None, None, None
 
 
 torch.library.register_autograd(
@@ -139,5 +149,6 @@ def _backward_backward(ctx, *grads):
     )
 
 
-for _op in ("attn2d::attention_backward", "attn2d::attention2d_backward"):
+for _op in ("attn2d::attention_backward", "attn2d::attention2d_backward",
+            "attn2d::attention2d_window_backward"):
     torch.library.register_autograd(_op, _backward_backward, setup_context=_backward_setup_context)

@@ -99,13 +99,12 @@ def attention2d(
 
         q4, k4, v4 = q.flatten(2, 3), k.flatten(2, 3), v.flatten(2, 3)
         _checks.check_attention(fn, q4, k4, v4, None)
-        layout = list(_layout.build(pattern, (Hq, Wq), (Hk, Wk), H))
         scale = _checks.resolve_scale(fn, scale, q.shape[-1])
         offsets = _layout.window_offsets(pattern, (Hq, Wq), (Hk, Wk))
         if offsets is not None:
-            out, _ = torch.ops.attn2d.attention2d_window_forward(
-                q4, k4, v4, offsets, Hq, Wq, layout, _layout.BLOCK_Q, scale)
+            out, _ = torch.ops.attn2d.attention2d_window_forward(q4, k4, v4, offsets, Hq, Wq, scale)
         else:
+            layout = list(_layout.build(pattern, (Hq, Wq), (Hk, Wk), H))
             out, _ = torch.ops.attn2d.attention2d_forward(q4, k4, v4, layout, _layout.BLOCK_Q, scale)
         return out.unflatten(2, (Hq, Wq))
     out = attention(q.flatten(2, 3), k.flatten(2, 3), v.flatten(2, 3), scale=scale)

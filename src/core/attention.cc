@@ -42,7 +42,9 @@ Status attention_backward(const AttentionBackwardParams& params, const Host& hos
   Status s = validate(params);
   if (!s.ok()) return s;
   if (backend == Backend::kReference) {
-    if (params.fwd.layout != nullptr) return reference_refuses_layout();
+    if (params.fwd.layout != nullptr || params.fwd.window != nullptr) {
+      return reference_refuses_layout();
+    }
     return reference::attention_backward(params);
   }
   return cpu::attention_backward(params, host);

@@ -189,10 +189,6 @@ Status validate(const AttentionBackwardParams& p) {
   Status s = validate(p.fwd);
   if (!s.ok()) return s;
   const AttentionParams& f = p.fwd;
-  if (f.window != nullptr) {
-    return Status::Unsupported(
-        "window: the window kernel is forward only; run the backward with the pattern's layout");
-  }
   const bool rows = f.batch > 0 && f.heads > 0 && f.len_q > 0;
   const bool keys = f.batch > 0 && f.heads > 0 && f.len_k > 0;
   if (!(s = check_pointer(f.lse, rows, "lse")).ok()) return s;

@@ -721,7 +721,12 @@ HWY_AFTER_NAMESPACE();
 namespace attn2d {
 namespace cpu {
 
-ATTN2D_DTYPE_DISPATCH(Backward, attention_backward, AttentionBackwardParams)
+ATTN2D_DTYPE_DISPATCH(Backward, tiled_backward, AttentionBackwardParams)
+
+Status attention_backward(const AttentionBackwardParams& params, const Host& host) {
+  if (params.fwd.window != nullptr) return window_backward(params, host);
+  return tiled_backward(params, host);
+}
 
 }  // namespace cpu
 }  // namespace attn2d

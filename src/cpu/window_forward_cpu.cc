@@ -138,9 +138,9 @@ void QueryTask(void* ctx, std::int64_t task, int thread) {
     const size_t lanes = static_cast<size_t>(std::min<std::int64_t>(L, p.len_q - q0));
     const size_t col = static_cast<size_t>(g.margin + q0);
     const bool interior = g.interior(q0);
-    auto vmax = VectorDots(d, g, plan.qt(slot) + col, plan.kt(slot) + col, plan.e_pad, S,
-                           interior);
-    if (!interior) vmax = MaskOutside(d, g, q0, lanes_i, lanes_j, S);
+    auto vmax = VectorDots(d, g, g.off.data(), count, plan.qt(slot) + col, plan.kt(slot) + col,
+                           plan.e_pad, S, interior);
+    if (!interior) vmax = MaskOutside(d, g, 0, count, q0, lanes_i, lanes_j, S);
     // exp against the row max (in the first output sweep); a row that sees no key (max -inf)
     // shifts by 0, so its exps are exp(-inf) = 0 and its sum 0.
     const auto empty = hn::Eq(vmax, hn::Set(d, kNegInf));
@@ -148,7 +148,8 @@ void QueryTask(void* ctx, std::int64_t task, int thread) {
     auto sum = hn::Zero(d);
     for (size_t ev0 = 0; ev0 < plan.ev_pad; ev0 += kRowsPerSweep) {
       const size_t quads = std::min(kMaxQuads, (plan.ev_pad - ev0) / 4);
-      VectorCombine(d, g, S, plan.vt(slot) + ev0 * ld + col, quads, acc, ev0 == 0, shift, &sum);
+      VectorCombine(d, g, g.off.data(), count, S, plan.vt(slot) + ev0 * ld + col, quads, acc,
+                    ev0 == 0, false, shift, &sum);
       if (ev0 == 0) {
         hn::Store(hn::IfThenZeroElse(empty, hn::Div(hn::Set(d, T(1)), sum)), d, inv_l);
         if (lse != nullptr) {
@@ -176,8 +177,7 @@ void QueryTask(void* ctx, std::int64_t task, int thread) {
 template <typename T, typename IO>
 Status WindowForward(const AttentionParams& p, const Host& host) {
   if (p.batch == 0 || p.heads == 0 || p.len_q == 0) return Status::Ok();
-  const WindowGeometry<T> g(*p.window, static_cast<std::int64_t>(VectorLanes<T>()),
-                            OffsetOrder::kRaster);
+  const WindowGeometry<T> g(*p.window, static_cast<std::int64_t>(VectorLanes<T>()));
   WindowPlan<T> plan;
   plan.p = &p;
   plan.g = &g;

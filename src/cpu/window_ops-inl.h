@@ -73,12 +73,13 @@ HWY_INLINE hn::Vec<D> ShiftedDots(D d, const T* HWY_RESTRICT a, const T* HWY_RES
 }
 
 // S[o * L + lane] = sum over rows r < rows (a multiple of 4) of a[r * ld + lane] *
-// b[r * ld + off[o] + lane], for every offset; returns the lane-wise max when track_max.
+// b[r * ld + off[o] + lane], for the `count` offsets from off; returns the lane-wise max when
+// track_max.
 template <class D, typename T>
-HWY_INLINE hn::Vec<D> VectorDots(D d, const WindowGeometry<T>& g, const T* a, const T* b,
-                                 size_t rows, T* S, bool track_max) {
-  const size_t ld = static_cast<size_t>(g.ld), count = static_cast<size_t>(g.count);
-  const std::int64_t* off = g.off.data();
+HWY_INLINE hn::Vec<D> VectorDots(D d, const WindowGeometry<T>& g, const std::int64_t* off,
+                                 size_t count, const T* a, const T* b, size_t rows, T* S,
+                                 bool track_max) {
+  const size_t ld = static_cast<size_t>(g.ld);
   auto vmax = hn::Set(d, -std::numeric_limits<T>::infinity());
   for (size_t r0 = 0; r0 < rows; r0 += kRowsPerSweep) {
     const size_t quads = std::min(kMaxQuads, (rows - r0) / 4);
@@ -115,7 +116,8 @@ HWY_INLINE hn::Vec<D> VectorDots(D d, const WindowGeometry<T>& g, const T* a, co
 // the later sweeps of a wider Ev, and summed into *sum: the exp's ~26 float instructions then
 // overlap this loop's loads, where a separate pass over P spent ~16 cycles per vector (the
 // forward at 128x128 with a 15x15 window ran 12% faster, best of 25 runs, 3 runs each).
-template <size_t kQuads, bool kExp, class D, typename T>
+// kAccumulate: out's old value is added to.
+template <size_t kQuads, bool kExp, bool kAccumulate, class D, typename T>
 HWY_INLINE void ShiftedCombine(D d, T* HWY_RESTRICT P, const T* HWY_RESTRICT b, size_t ld,
                                const std::int64_t* HWY_RESTRICT off, size_t count,
                                T* HWY_RESTRICT out, hn::Vec<D> shift, hn::Vec<D>* sum) {
@@ -123,7 +125,7 @@ HWY_INLINE void ShiftedCombine(D d, T* HWY_RESTRICT P, const T* HWY_RESTRICT b, 
   const size_t L = hn::Lanes(d);
   hn::Vec<D> acc[kRows];
   HWY_UNROLL(16)
-  for (size_t i = 0; i < kRows; ++i) acc[i] = hn::Zero(d);
+  for (size_t i = 0; i < kRows; ++i) acc[i] = kAccumulate ? hn::Load(d, out + i * L) : hn::Zero(d);
   auto total = hn::Zero(d);
   for (size_t o = 0; o < count; ++o) {
     auto pv = hn::Load(d, P + o * L);
@@ -141,16 +143,19 @@ HWY_INLINE void ShiftedCombine(D d, T* HWY_RESTRICT P, const T* HWY_RESTRICT b, 
   if (kExp) *sum = total;
 }
 
-// ShiftedCombine over `quads` (1..4) quads of rows; with `exp`, P holds scores and becomes
-// exp(S - shift), their sum going to *sum.
+// ShiftedCombine over `quads` (1..4) quads of rows and the `count` offsets from off; with
+// `exp` (forward), P holds scores and becomes exp(S - shift), their sum going to *sum; with
+// `accumulate` (backward), out is added to.
 template <class D, typename T>
-HWY_INLINE void VectorCombine(D d, const WindowGeometry<T>& g, T* P, const T* b, size_t quads,
-                              T* out, bool exp, hn::Vec<D> shift, hn::Vec<D>* sum) {
-  const size_t ld = static_cast<size_t>(g.ld), count = static_cast<size_t>(g.count);
-  const std::int64_t* off = g.off.data();
-#define ATTN2D_SHIFTED_COMBINE(Q)                                                  \
-  return exp ? ShiftedCombine<Q, true>(d, P, b, ld, off, count, out, shift, sum) \
-             : ShiftedCombine<Q, false>(d, P, b, ld, off, count, out, shift, sum)
+HWY_INLINE void VectorCombine(D d, const WindowGeometry<T>& g, const std::int64_t* off,
+                              size_t count, T* P, const T* b, size_t quads, T* out, bool exp,
+                              bool accumulate, hn::Vec<D> shift, hn::Vec<D>* sum) {
+  const size_t ld = static_cast<size_t>(g.ld);
+#define ATTN2D_SHIFTED_COMBINE(Q)                                                            \
+  return exp ? ShiftedCombine<Q, true, false>(d, P, b, ld, off, count, out, shift, sum)     \
+             : accumulate                                                                    \
+                   ? ShiftedCombine<Q, false, true>(d, P, b, ld, off, count, out, shift, sum) \
+                   : ShiftedCombine<Q, false, false>(d, P, b, ld, off, count, out, shift, sum)
   switch (quads) {
     case 1:
       ATTN2D_SHIFTED_COMBINE(1);
@@ -170,13 +175,14 @@ HWY_INLINE void VectorCombine(D d, const WindowGeometry<T>& g, T* P, const T* b,
 template <size_t kQuads, class D, typename T>
 HWY_INLINE void ShiftedScatter(D d, const T* HWY_RESTRICT P, const T* HWY_RESTRICT a, size_t ld,
                                const std::int64_t* HWY_RESTRICT off, size_t count,
-                               T* HWY_RESTRICT dst) {
+                               const std::uint16_t* HWY_RESTRICT order, T* HWY_RESTRICT dst) {
   constexpr size_t kRows = 4 * kQuads;
   const size_t L = hn::Lanes(d);
   hn::Vec<D> av[kRows];
   HWY_UNROLL(16)
   for (size_t i = 0; i < kRows; ++i) av[i] = hn::Load(d, a + i * ld);
-  for (size_t o = 0; o < count; ++o) {
+  for (size_t t = 0; t < count; ++t) {
+    const size_t o = order[t];
     const auto pv = hn::Load(d, P + o * L);
     T* to = dst + off[o];
     HWY_UNROLL(16)
@@ -186,38 +192,38 @@ HWY_INLINE void ShiftedScatter(D d, const T* HWY_RESTRICT P, const T* HWY_RESTRI
   }
 }
 
-// ShiftedScatter over rows r < rows (a multiple of 4).
+// ShiftedScatter over rows r < rows (a multiple of 4) and the `count` offsets from off.
 template <class D, typename T>
-HWY_INLINE void VectorScatter(D d, const WindowGeometry<T>& g, const T* P, const T* a,
+HWY_INLINE void VectorScatter(D d, const WindowGeometry<T>& g, const std::int64_t* off,
+                              size_t count, const std::uint16_t* order, const T* P, const T* a,
                               size_t rows, T* dst) {
-  const size_t ld = static_cast<size_t>(g.ld), count = static_cast<size_t>(g.count);
-  const std::int64_t* off = g.off.data();
+  const size_t ld = static_cast<size_t>(g.ld);
   for (size_t r0 = 0; r0 < rows; r0 += kRowsPerSweep) {
     const T* ar = a + r0 * ld;
     T* dr = dst + r0 * ld;
     switch (std::min(kMaxQuads, (rows - r0) / 4)) {
       case 1:
-        ShiftedScatter<1>(d, P, ar, ld, off, count, dr);
+        ShiftedScatter<1>(d, P, ar, ld, off, count, order, dr);
         break;
       case 2:
-        ShiftedScatter<2>(d, P, ar, ld, off, count, dr);
+        ShiftedScatter<2>(d, P, ar, ld, off, count, order, dr);
         break;
       case 3:
-        ShiftedScatter<3>(d, P, ar, ld, off, count, dr);
+        ShiftedScatter<3>(d, P, ar, ld, off, count, order, dr);
         break;
       default:
-        ShiftedScatter<4>(d, P, ar, ld, off, count, dr);
+        ShiftedScatter<4>(d, P, ar, ld, off, count, order, dr);
         break;
     }
   }
 }
 
-// Sets to -inf the scores S (count, L) of the lanes of the vector from query q0 whose key at an
-// offset falls outside the map (and every score of lanes past the last query); returns their
-// lane-wise max. lanes_i, lanes_j: (L,) scratch.
+// Sets to -inf the scores S (count, L) of offsets o0 .. o0 + count - 1 in the lanes of the
+// vector from query q0 whose key at that offset falls outside the map (and every score of lanes
+// past the last query); returns their lane-wise max. lanes_i, lanes_j: (L,) scratch.
 template <class D, typename T>
-HWY_INLINE hn::Vec<D> MaskOutside(D d, const WindowGeometry<T>& g, std::int64_t q0, T* lanes_i,
-                                  T* lanes_j, T* S) {
+HWY_INLINE hn::Vec<D> MaskOutside(D d, const WindowGeometry<T>& g, size_t o0, size_t count,
+                                  std::int64_t q0, T* lanes_i, T* lanes_j, T* S) {
   const size_t L = hn::Lanes(d);
   const std::int64_t N = g.height * g.width;
   for (size_t lane = 0; lane < L; ++lane) {
@@ -232,8 +238,8 @@ HWY_INLINE hn::Vec<D> MaskOutside(D d, const WindowGeometry<T>& g, std::int64_t 
   const auto j_lo = hn::Sub(hn::Zero(d), hn::Load(d, lanes_j));
   const auto j_hi = hn::Sub(hn::Set(d, static_cast<T>(g.width - 1)), hn::Load(d, lanes_j));
   auto vmax = neg_inf;
-  for (size_t o = 0; o < static_cast<size_t>(g.count); ++o) {
-    const auto dr = hn::Set(d, g.dr[o]), dc = hn::Set(d, g.dc[o]);
+  for (size_t o = 0; o < count; ++o) {
+    const auto dr = hn::Set(d, g.dr[o0 + o]), dc = hn::Set(d, g.dc[o0 + o]);
     const auto inside = hn::And(hn::And(hn::Ge(dr, i_lo), hn::Le(dr, i_hi)),
                                 hn::And(hn::Ge(dc, j_lo), hn::Le(dc, j_hi)));
     const auto s = hn::IfThenElse(inside, hn::Load(d, S + o * L), neg_inf);

@@ -199,7 +199,8 @@ AttentionParams forward_params(const Problem<T>& pr, Tensor4<T>& out, std::vecto
 // Runs forward and backward with `backend` (reference: with `precision`).
 template <typename T>
 Result<T> run(const Problem<T>& pr, Backend backend, const Host& host,
-              reference::Precision precision = reference::Precision::kFloat64) {
+              reference::Precision precision = reference::Precision::kFloat64,
+              const WindowOffsets* window = nullptr) {
   Result<T> r;
   r.out = make_tensor<T>({pr.B, pr.H, pr.Lq, pr.Ev}, Layout::kContiguous);
   r.dq = make_tensor<T>({pr.B, pr.H, pr.Lq, pr.E}, pr.layout);
@@ -208,6 +209,7 @@ Result<T> run(const Problem<T>& pr, Backend backend, const Host& host,
   r.lse.assign(static_cast<std::size_t>(std::max<std::int64_t>(pr.B * pr.H * pr.Lq, 1)), T(0));
   AttentionBackwardParams bp;
   bp.fwd = forward_params(pr, r.out, r.lse);
+  bp.fwd.window = window;
   if (backend == Backend::kReference) {
     r.forward_status = validate(bp.fwd);
     if (r.forward_status.ok()) r.forward_status = reference::attention_forward(bp.fwd, precision);

@@ -1,5 +1,6 @@
-// The window-offsets forward (cpu/window_forward_cpu.cc) against the float64 reference run with
-// the equivalent dense bool mask, on every compiled SIMD target; and its validation.
+// The window-offsets forward and backward (cpu/window_forward_cpu.cc, window_backward_cpu.cc)
+// against the float64 reference run with the equivalent dense bool mask, on every compiled SIMD
+// target; and their validation.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -78,26 +79,36 @@ void expect_window_matches_dense(std::int64_t B, std::int64_t H, std::int64_t he
   auto ours_pr = make_problem<T>(B, H, N, N, E, Ev, layout, seed);
   auto cast = [](const Tensor4<T>& t) { return t.template cast<double>(); };
   dense.q = cast(ours_pr.q), dense.k = cast(ours_pr.k), dense.v = cast(ours_pr.v);
+  dense.dout = cast(ours_pr.dout);
   const Result<double> oracle = run(dense, Backend::kReference, serial_host());
   ASSERT_TRUE(oracle.forward_status.ok());
 
-  auto out = make_tensor<T>({B, H, N, Ev}, Layout::kChannelsFirst);
-  std::vector<T> lse(static_cast<size_t>(B * H * N), T(0));
-  AttentionParams p = forward_params(ours_pr, out, lse);
-  p.window = &win.view;
-  const Status s = attention_forward(p, thread_host(3));
-  ASSERT_TRUE(s.ok()) << s.message();
-  // Inputs and outputs of order 1; float32 accumulates count x E products per score.
+  const Result<T> ours = run(ours_pr, Backend::kCpu, thread_host(3),
+                             reference::Precision::kFloat64, &win.view);
+  ASSERT_TRUE(ours.forward_status.ok()) << ours.forward_status.message();
+  ASSERT_TRUE(ours.backward_status.ok()) << ours.backward_status.message();
+  // Inputs and outputs of order 1; float32 accumulates count x E products per score, and each
+  // gradient element sums up to count terms of order 1.
   const double tol = sizeof(T) == 4 ? 2e-5 : 1e-12;
+  const double grad_tol = sizeof(T) == 4 ? 1e-4 : 1e-11;
   const std::string what = std::to_string(height) + "x" + std::to_string(width) + " size " +
                            std::to_string(size) + " E " + std::to_string(E) + " Ev " +
                            std::to_string(Ev);
-  EXPECT_LE(max_abs_diff(out, oracle.out), tol) << what;
+  EXPECT_LE(max_abs_diff(ours.out, oracle.out), tol) << what;
   double lse_err = 0.0;
-  for (size_t r = 0; r < lse.size(); ++r) {
-    lse_err = std::max(lse_err, std::abs(static_cast<double>(lse[r]) - oracle.lse[r]));
+  for (size_t r = 0; r < ours.lse.size(); ++r) {
+    lse_err = std::max(lse_err, std::abs(static_cast<double>(ours.lse[r]) - oracle.lse[r]));
   }
   EXPECT_LE(lse_err, sizeof(T) == 4 ? 1e-5 : 1e-12) << what;
+  EXPECT_LE(max_abs_diff(ours.dq, oracle.dq), grad_tol) << what << " dq";
+  EXPECT_LE(max_abs_diff(ours.dk, oracle.dk), grad_tol) << what << " dk";
+  EXPECT_LE(max_abs_diff(ours.dv, oracle.dv), grad_tol) << what << " dv";
+  // The scatter of dK and dV runs in a fixed order whatever the thread count.
+  const Result<T> serial = run(ours_pr, Backend::kCpu, serial_host(),
+                               reference::Precision::kFloat64, &win.view);
+  EXPECT_EQ(max_abs_diff(serial.dk, ours.dk), 0.0) << what;
+  EXPECT_EQ(max_abs_diff(serial.dv, ours.dv), 0.0) << what;
+  EXPECT_EQ(max_abs_diff(serial.dq, ours.dq), 0.0) << what;
 }
 
 TEST_P(WindowAttention, MatchesTheDenseMaskOracle) {
@@ -135,6 +146,39 @@ TEST_P(WindowAttention, WholeVectorRowsMatchTheDenseMaskOracle) {
                                      Layout::kContiguous, 15);
 }
 
+TEST_P(WindowAttention, RowsThatSeeNoKeyGiveZeroOutputAndGradients) {
+  // Offsets (0, 2) and (1, -3) on a 3 x 4 map: query (i, j) sees (i, j + 2) when j < 2 and
+  // (i + 1, j - 3) when j = 3 and i < 2; queries (i, 2) and (2, 3) see nothing.
+  const std::int64_t height = 3, width = 4, N = height * width;
+  std::vector<std::int32_t> dr{0, 1}, dc{2, -3};
+  const WindowOffsets w{height, width, 2, dr.data(), dc.data()};
+  auto ours_pr = make_problem<float>(1, 2, N, N, 5, 3, Layout::kChannelsFirst, 21);
+  auto dense = make_problem<double>(1, 2, N, N, 5, 3, Layout::kChannelsFirst, 21,
+                                    MaskKind::kBool, {true, true, false, false});
+  dense.mask.bools.assign(static_cast<size_t>(N * N), 0);
+  for (std::int64_t n = 0; n < N; ++n) {
+    const std::int64_t i = n / width, j = n % width;
+    if (j < 2) dense.mask.bools[static_cast<size_t>(n * N + i * width + j + 2)] = 1;
+    if (j == 3 && i < 2) dense.mask.bools[static_cast<size_t>(n * N + (i + 1) * width + 0)] = 1;
+  }
+  dense.q = ours_pr.q.cast<double>(), dense.k = ours_pr.k.cast<double>();
+  dense.v = ours_pr.v.cast<double>(), dense.dout = ours_pr.dout.cast<double>();
+  const Result<double> oracle = run(dense, Backend::kReference, serial_host());
+  const Result<float> ours = run(ours_pr, Backend::kCpu, thread_host(2),
+                                 reference::Precision::kFloat64, &w);
+  ASSERT_TRUE(ours.backward_status.ok()) << ours.backward_status.message();
+  EXPECT_LE(max_abs_diff(ours.out, oracle.out), 1e-5);
+  EXPECT_LE(max_abs_diff(ours.dq, oracle.dq), 1e-5);
+  EXPECT_LE(max_abs_diff(ours.dk, oracle.dk), 1e-5);
+  EXPECT_LE(max_abs_diff(ours.dv, oracle.dv), 1e-5);
+  for (std::int64_t n : {2, 6, 10, 11}) {
+    for (std::int64_t e = 0; e < 5; ++e) {
+      EXPECT_EQ(ours.dq.at(0, 1, n, e), 0.0f) << "query " << n;
+    }
+    EXPECT_EQ(ours.out.at(0, 1, n, 0), 0.0f) << "query " << n;
+  }
+}
+
 TEST(WindowValidation, MalformedWindowsAreInvalidArguments) {
   auto pr = make_problem<float>(1, 1, 20, 20, 4, 4, Layout::kContiguous, 9);
   auto out = make_tensor<float>({1, 1, 20, 4}, Layout::kContiguous);
@@ -166,10 +210,14 @@ TEST(WindowValidation, MalformedWindowsAreInvalidArguments) {
   p.is_causal = true;
   EXPECT_EQ(validate(p).code(), StatusCode::kInvalidArgument) << "window with is_causal";
   p.is_causal = false;
-  // Forward only: the backward takes the pattern as a layout.
+  // The backward checks the same window.
   AttentionBackwardParams bp;
   bp.fwd = p;
-  EXPECT_EQ(validate(bp).code(), StatusCode::kUnsupported);
+  std::vector<std::int32_t> r2 = dr;
+  r2[2] = 1, dc[2] = 0;
+  WindowOffsets dup{4, 5, 3, r2.data(), dc.data()};
+  bp.fwd.window = &dup;
+  EXPECT_EQ(validate(bp).code(), StatusCode::kInvalidArgument) << "backward, duplicate offset";
 }
 
 }  // namespace

@@ -159,14 +159,19 @@ def test_window_kernel_takes_clip_windows_on_one_grid():
 def test_window_kernel_float32_and_agrees_with_the_tiled_kernel(pattern, hw):
     assert _layout.window_offsets(pattern, hw, hw) is not None
     run_both(pattern, hw, hw, 3, dtype=torch.float32, E=20, Ev=24)
-    # NCHW-like views (last-dim stride H*W) straight into both kernels.
-    q, k, v = (torch.randn(2, 3, 20, hw[0] * hw[1]).transpose(2, 3) for _ in range(3))
+    # NCHW-like views (last-dim stride H*W) straight into both kernels, forward and backward.
+    q, k, v, g = (torch.randn(2, 3, 20, hw[0] * hw[1]).transpose(2, 3) for _ in range(4))
     layout = list(_layout.build(pattern, hw, hw, 3))
     offsets = _layout.window_offsets(pattern, hw, hw)
-    out_w, lse_w = torch.ops.attn2d.attention2d_window_forward(q, k, v, offsets, *hw, layout,
-                                                               _layout.BLOCK_Q, 0.3)
+    out_w, lse_w = torch.ops.attn2d.attention2d_window_forward(q, k, v, offsets, *hw, 0.3)
     out_t, lse_t = torch.ops.attn2d.attention2d_forward(q, k, v, layout, _layout.BLOCK_Q, 0.3)
     assert max_err(out_w, out_t) < 1e-5 and max_err(lse_w, lse_t) < 1e-5
+    grads_w = torch.ops.attn2d.attention2d_window_backward(g, q, k, v, out_w, lse_w, offsets, *hw,
+                                                           0.3)
+    grads_t = torch.ops.attn2d.attention2d_backward(g, q, k, v, out_t, lse_t, layout,
+                                                    _layout.BLOCK_Q, 0.3)
+    for a, b in zip(grads_w, grads_t):
+        assert max_err(a, b) < 1e-4
 
 
 def test_window_kernel_gradcheck_and_opcheck():
@@ -176,24 +181,31 @@ def test_window_kernel_gradcheck_and_opcheck():
     assert _layout.window_offsets(pattern, (5, 6), (5, 6)) is not None
     assert torch.autograd.gradcheck(lambda a, b, c: attn2d.attention2d(a, b, c, pattern=pattern),
                                     (q, k, v))
-    layout = list(_layout.build(pattern, (5, 6), (5, 6), 2))
     offsets = _layout.window_offsets(pattern, (5, 6), (5, 6))
-    args = (q.detach().flatten(2, 3), k.detach().flatten(2, 3), v.detach().flatten(2, 3),
-            offsets, 5, 6, layout, _layout.BLOCK_Q, 0.5)
+    q4, k4, v4 = (t.detach().flatten(2, 3) for t in (q, k, v))
+    args = (q4, k4, v4, offsets, 5, 6, 0.5)
     torch.library.opcheck(torch.ops.attn2d.attention2d_window_forward.default, args)
+    out, lse = torch.ops.attn2d.attention2d_window_forward(*args)
+    bwd_args = (torch.randn_like(out), q4, k4, v4, out, lse, offsets, 5, 6, 0.5)
+    torch.library.opcheck(torch.ops.attn2d.attention2d_window_backward.default, bwd_args)
 
 
 def test_raw_window_op_refuses_bad_offsets():
     pattern = Window(3)
-    layout = list(_layout.build(pattern, (6, 6), (6, 6), 1))
     q, k, v = (torch.randn(1, 1, 36, 4) for _ in range(3))
     good = _layout.window_offsets(pattern, (6, 6), (6, 6))
+    out, lse = torch.ops.attn2d.attention2d_window_forward(q, k, v, good, 6, 6, 0.5)
     for bad, match in [(good.long(), "int32"), (good.t().contiguous(), r"\(2, count\)"),
                        (torch.tensor([[0, 0], [1, 1]], dtype=torch.int32), "distinct"),
                        (torch.tensor([[6], [0]], dtype=torch.int32), "smaller than the map")]:
         with pytest.raises(ValueError, match=match):
-            torch.ops.attn2d.attention2d_window_forward(q, k, v, bad, 6, 6, layout,
-                                                        _layout.BLOCK_Q, 0.5)
+            torch.ops.attn2d.attention2d_window_forward(q, k, v, bad, 6, 6, 0.5)
+        with pytest.raises(ValueError, match=match):
+            torch.ops.attn2d.attention2d_window_backward(out, q, k, v, out, lse, bad, 6, 6, 0.5)
     with pytest.raises(ValueError, match="height"):
-        torch.ops.attn2d.attention2d_window_forward(q, k, v, good, 6, 5, layout,
-                                                    _layout.BLOCK_Q, 0.5)
+        torch.ops.attn2d.attention2d_window_forward(q, k, v, good, 6, 5, 0.5)
+    with pytest.raises(ValueError, match="height"):
+        torch.ops.attn2d.attention2d_window_backward(out, q, k, v, out, lse, good, 6, 5, 0.5)
+    with pytest.raises(ValueError, match="lse"):
+        torch.ops.attn2d.attention2d_window_backward(out, q, k, v, out, lse[..., :5], good, 6, 6,
+                                                     0.5)

@@ -1,0 +1,326 @@
+// Backward of a window given as offsets (attn2d/window_offsets.h), vectorised across queries as
+// the forward is (window_forward_cpu.cc): per query vector and offset, with P recomputed from
+// the forward's log-sum-exp,
+//   S  = Q^T K^T(off)            P = exp(S - lse)           (E multiply-adds per pair)
+//   dP = dO^T V^T(off)           dS = P (dP - D), D = rowsum(dO * O)     (Ev)
+//   dQ^T          += dS K^T(off)   in registers across the offsets        (E)
+//   dK^T(off)     += dS Q^T        read-modify-write of the shifted rows  (E)
+//   dV^T(off)     += P dO^T                                               (Ev)
+// 3E + 2Ev multiply-adds per allowed pair, as many as the dense backward spends per pair, where
+// the tiled sparse backward computes every pair of each visited 8x8-pixel tile pair (2.5x the
+// allowed pairs of a 15x15 square, 4.9x those of a diamond).
+//
+// dK and dV are scattered, so queries that reach the same keys must not run at once: each head's
+// vectors are cut into bands of B raster-consecutive vectors, B * L >= max off - min off, so that
+// band k reaches no key that band k + 2 reaches; the even bands run in parallel, then the odd
+// ones. Every key's sum thus runs in one fixed order (its even band's vectors, then its odd
+// band's, each in raster order, offsets in walk order), whatever the thread count.
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "src/cpu/window_backward_cpu.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "attn2d/attention_params.h"
+#include "attn2d/host.h"
+#include "attn2d/status.h"
+#include "attn2d/window_offsets.h"
+#include "core/strided.h"
+#include "core/workspace.h"
+#include "cpu/attention_cpu.h"
+#include "cpu/dtype_dispatch.h"
+#include "cpu/scratch.h"
+#include "cpu/tiling.h"
+#include "cpu/tile_ops-inl.h"
+#include "cpu/window_geometry.h"
+#include "cpu/window_ops-inl.h"
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace attn2d {
+namespace cpu {
+namespace HWY_NAMESPACE {
+
+// Packed heads share one buffer of at most this many bytes (or one head where a head is larger):
+// 3 E + 3 Ev + 2 rows per head, 7.2 MB at 128x128 with E = Ev = 16 (28.5 MB at 256x256), below
+// the 20 MB of q, k, v, out and dO of 4 such heads. With one head per group, a 128x128 head
+// has 5 even bands and 2 threads idled a third of each phase.
+constexpr size_t kBackwardPackBudgetBytes = size_t{32} << 20;
+constexpr std::int64_t kBackwardPackChunk = 1024;  // positions per packing task
+// Offsets per pass over a vector's arrays: S and dS of 32 offsets are 2 x 2 KiB of L1, where a
+// whole 15x15 window's (225 offsets) would take 2 x 14 KiB of the 48 KiB that the shifted rows
+// of K, V, dK and dV stream through. Within a chunk the scatter walks the offsets column-major
+// (scatter_order): raster order puts offsets (dr, dc) and (dr, dc + 1) one after the other,
+// and the second's load of dK^T overlaps 15 of the 16 lanes the first just stored, which a
+// load cannot take from the store queue (1.1x slower at 128x128, 15x15, one thread).
+constexpr size_t kOffsetChunk = 32;
+
+template <typename T>
+struct WindowBackwardPlan {
+  const AttentionBackwardParams* bp;
+  const WindowGeometry<T>* g;
+  size_t e_pad, ev_pad;           // E and Ev rounded up to 4 (zero rows)
+  std::int64_t band_vectors;      // B
+  std::int64_t bands;             // per head
+  std::int64_t pack_tasks_per_head;
+  std::int64_t group_first = 0;   // the (b, h) pairs packed now: group_first ..
+  std::int64_t group_size = 0;
+  std::int64_t parity = 0;        // the bands running now: even (0) or odd (1)
+  size_t head_elems;              // (3 e_pad + 3 ev_pad + 2) * ld
+  const std::uint16_t* scatter_order;  // (count,) per chunk of kOffsetChunk, its walk order
+  T* packed;
+  size_t scratch_elems;  // per thread
+  T* scratch;
+
+  // Head `slot` of the group, each array (rows, ld) with column margin + n holding position n:
+  // Q^T (scaled), K^T, dK^T (e_pad rows), V^T, dO^T, dV^T (ev_pad rows), then one row of lse
+  // (+inf for a row that saw no key and in the margins, so that P = exp(S - lse) is 0 there)
+  // and one of D = rowsum(dO * O).
+  size_t ld() const { return static_cast<size_t>(g->ld); }
+  T* qt(std::int64_t slot) const { return packed + static_cast<size_t>(slot) * head_elems; }
+  T* kt(std::int64_t slot) const { return qt(slot) + e_pad * ld(); }
+  T* dkt(std::int64_t slot) const { return kt(slot) + e_pad * ld(); }
+  T* vt(std::int64_t slot) const { return dkt(slot) + e_pad * ld(); }
+  T* dot(std::int64_t slot) const { return vt(slot) + ev_pad * ld(); }
+  T* dvt(std::int64_t slot) const { return dot(slot) + ev_pad * ld(); }
+  T* lse(std::int64_t slot) const { return dvt(slot) + ev_pad * ld(); }
+  T* delta(std::int64_t slot) const { return lse(slot) + ld(); }
+};
+
+// dst[e * ld + margin + n] = value for the chunk [n0, n0 + count) and, in the tasks holding the
+// first and last positions, the margins.
+template <typename T>
+void FillWindowRows(const WindowGeometry<T>& g, std::int64_t n0, std::int64_t count, size_t rows,
+                    T value, T* dst) {
+  const size_t ld = static_cast<size_t>(g.ld);
+  const std::int64_t N = g.height * g.width;
+  for (size_t e = 0; e < rows; ++e) {
+    T* row = dst + e * ld;
+    std::fill(row + g.margin + n0, row + g.margin + n0 + count, value);
+    if (n0 == 0) std::fill(row, row + g.margin, value);
+    if (n0 + count == N) std::fill(row + g.margin + N, row + ld, value);
+  }
+}
+
+template <typename T, typename IO>
+void BackwardPackTask(void* ctx, std::int64_t task, int /*thread*/) {
+  const WindowBackwardPlan<T>& plan = *static_cast<const WindowBackwardPlan<T>*>(ctx);
+  const AttentionBackwardParams& bp = *plan.bp;
+  const AttentionParams& p = bp.fwd;
+  const WindowGeometry<T>& g = *plan.g;
+  const std::int64_t slot = task / plan.pack_tasks_per_head;
+  const std::int64_t bh = plan.group_first + slot;
+  const std::int64_t b = bh / p.heads, h = bh % p.heads;
+  const std::int64_t n0 = (task % plan.pack_tasks_per_head) * kBackwardPackChunk;
+  const std::int64_t count = std::min(kBackwardPackChunk, p.len_q - n0);
+  const size_t E = static_cast<size_t>(p.dim_qk), Ev = static_cast<size_t>(p.dim_v);
+  const size_t ld = plan.ld();
+  auto head = [&](const void* base, const std::int64_t* stride) {
+    return static_cast<const IO*>(base) + b * stride[0] + h * stride[1];
+  };
+  PackWindowRows(g, head(p.q, p.q_stride), p.q_stride, n0, count, E, plan.e_pad, plan.qt(slot));
+  PackWindowRows(g, head(p.k, p.k_stride), p.k_stride, n0, count, E, plan.e_pad, plan.kt(slot));
+  PackWindowRows(g, head(p.v, p.v_stride), p.v_stride, n0, count, Ev, plan.ev_pad, plan.vt(slot));
+  PackWindowRows(g, head(bp.dout, bp.dout_stride), bp.dout_stride, n0, count, Ev, plan.ev_pad,
+                 plan.dot(slot));
+  FillWindowRows(g, n0, count, plan.e_pad, T(0), plan.dkt(slot));
+  FillWindowRows(g, n0, count, plan.ev_pad, T(0), plan.dvt(slot));
+  FillWindowRows(g, n0, count, 1, std::numeric_limits<T>::infinity(), plan.lse(slot));
+  FillWindowRows(g, n0, count, 1, T(0), plan.delta(slot));
+  const T scale = static_cast<T>(p.scale);
+  const T* lse = static_cast<const T*>(p.lse) + b * p.lse_stride[0] + h * p.lse_stride[1];
+  const IO* out = head(p.out, p.out_stride);
+  const IO* dout = head(bp.dout, bp.dout_stride);
+  T* qt = plan.qt(slot) + g.margin;
+  T* lse_row = plan.lse(slot) + g.margin;
+  T* delta = plan.delta(slot) + g.margin;
+  for (std::int64_t n = n0; n < n0 + count; ++n) {
+    const size_t c = static_cast<size_t>(n);
+    for (size_t e = 0; e < E; ++e) qt[e * ld + c] *= scale;
+    const T l = lse[n * p.lse_stride[2]];
+    if (l != -std::numeric_limits<T>::infinity()) lse_row[c] = l;
+    T D = 0;
+    for (size_t ev = 0; ev < Ev; ++ev) {
+      const std::int64_t e = static_cast<std::int64_t>(ev);
+      D += Load<T>(dout[n * bp.dout_stride[2] + e * bp.dout_stride[3]]) *
+           Load<T>(out[n * p.out_stride[2] + e * p.out_stride[3]]);
+    }
+    delta[c] = D;
+  }
+}
+
+// One band of one head of the packed group: dQ of its queries, and their terms of dK and dV.
+template <typename T, typename IO>
+void BandTask(void* ctx, std::int64_t task, int thread) {
+  const WindowBackwardPlan<T>& plan = *static_cast<const WindowBackwardPlan<T>*>(ctx);
+  const AttentionBackwardParams& bp = *plan.bp;
+  const AttentionParams& p = bp.fwd;
+  const WindowGeometry<T>& g = *plan.g;
+  const hn::ScalableTag<T> d;
+  const size_t L = hn::Lanes(d);
+  const std::int64_t per_head = (plan.bands - plan.parity + 1) / 2;
+  const std::int64_t slot = task / per_head;
+  const std::int64_t band = 2 * (task % per_head) + plan.parity;
+  const std::int64_t bh = plan.group_first + slot;
+  const std::int64_t b = bh / p.heads, h = bh % p.heads;
+  const size_t count = static_cast<size_t>(g.count), ld = plan.ld();
+  const size_t E = static_cast<size_t>(p.dim_qk);
+  ScratchCarver<T> carve(plan.scratch + static_cast<size_t>(thread) * plan.scratch_elems);
+  T* S = carve.take(kOffsetChunk * L);     // (chunk, L) scores, then P
+  T* G = carve.take(kOffsetChunk * L);     // (chunk, L) dP, then dS
+  T* acc = carve.take(plan.e_pad * L);     // (e_pad, L) dQ^T
+  T* lanes_i = carve.take(L);              // (L,) each lane's pixel row
+  T* lanes_j = carve.take(L);              // (L,) and column
+  IO* dq = static_cast<IO*>(bp.dq) + offset4(bp.dq_stride, b, h, 0, 0);
+  const T scale = static_cast<T>(p.scale);
+  const T *qt = plan.qt(slot), *kt = plan.kt(slot), *vt = plan.vt(slot), *dot = plan.dot(slot);
+  T *dkt = plan.dkt(slot), *dvt = plan.dvt(slot);
+  const std::int64_t v_end = std::min(g.vectors, (band + 1) * plan.band_vectors);
+  for (std::int64_t vec = band * plan.band_vectors; vec < v_end; ++vec) {
+    const std::int64_t q0 = vec * static_cast<std::int64_t>(L);
+    const size_t lanes = static_cast<size_t>(std::min<std::int64_t>(L, p.len_q - q0));
+    const size_t col = static_cast<size_t>(g.margin + q0);
+    const bool interior = g.interior(q0);
+    // Masked scores are -inf and the lse is +inf for lanes that saw no key: exp gives 0 either
+    // way, never exp(-inf + inf).
+    const auto lse = hn::Load(d, plan.lse(slot) + col);
+    const auto D = hn::Load(d, plan.delta(slot) + col);
+    for (size_t o0 = 0; o0 < count; o0 += kOffsetChunk) {
+      const size_t n = std::min(kOffsetChunk, count - o0);
+      const std::int64_t* off = g.off.data() + o0;
+      VectorDots(d, g, off, n, qt + col, kt + col, plan.e_pad, S, false);
+      VectorDots(d, g, off, n, dot + col, vt + col, plan.ev_pad, G, false);
+      if (!interior) MaskOutside(d, g, o0, n, q0, lanes_i, lanes_j, S);
+      for (size_t o = 0; o < n; ++o) {
+        const auto pr = ExpOf(d, hn::Sub(hn::Load(d, S + o * L), lse));
+        hn::Store(pr, d, S + o * L);
+        hn::Store(hn::Mul(pr, hn::Sub(hn::Load(d, G + o * L), D)), d, G + o * L);
+      }
+      for (size_t e0 = 0; e0 < plan.e_pad; e0 += kRowsPerSweep) {
+        const size_t quads = std::min(kMaxQuads, (plan.e_pad - e0) / 4);
+        VectorCombine(d, g, off, n, G, kt + e0 * ld + col, quads, acc + e0 * L, false, o0 > 0,
+                      hn::Zero(d), nullptr);
+      }
+      const std::uint16_t* order = plan.scatter_order + o0;
+      VectorScatter(d, g, off, n, order, G, qt + col, plan.e_pad, dkt + col);
+      VectorScatter(d, g, off, n, order, S, dot + col, plan.ev_pad, dvt + col);
+    }
+    for (size_t lane = 0; lane < lanes; ++lane) {
+      IO* o = dq + (q0 + static_cast<std::int64_t>(lane)) * bp.dq_stride[2];
+      for (size_t e = 0; e < E; ++e) {
+        o[static_cast<std::int64_t>(e) * bp.dq_stride[3]] = Store<IO>(acc[e * L + lane] * scale);
+      }
+    }
+  }
+}
+
+// Writes positions [n0, n0 + kBackwardPackChunk) of one head's dK and dV.
+template <typename T, typename IO>
+void UnpackTask(void* ctx, std::int64_t task, int /*thread*/) {
+  const WindowBackwardPlan<T>& plan = *static_cast<const WindowBackwardPlan<T>*>(ctx);
+  const AttentionBackwardParams& bp = *plan.bp;
+  const AttentionParams& p = bp.fwd;
+  const std::int64_t slot = task / plan.pack_tasks_per_head;
+  const std::int64_t bh = plan.group_first + slot;
+  const std::int64_t b = bh / p.heads, h = bh % p.heads;
+  const std::int64_t n0 = (task % plan.pack_tasks_per_head) * kBackwardPackChunk;
+  const std::int64_t n1 = std::min(n0 + kBackwardPackChunk, p.len_q);
+  const size_t ld = plan.ld();
+  const std::int64_t margin = plan.g->margin;
+  const struct {
+    const T* src;
+    void* dst;
+    const std::int64_t* stride;
+    std::int64_t width;
+  } parts[] = {{plan.dkt(slot), bp.dk, bp.dk_stride, p.dim_qk},
+               {plan.dvt(slot), bp.dv, bp.dv_stride, p.dim_v}};
+  for (const auto& part : parts) {
+    IO* dst = static_cast<IO*>(part.dst) + offset4(part.stride, b, h, 0, 0);
+    for (std::int64_t n = n0; n < n1; ++n) {
+      for (std::int64_t e = 0; e < part.width; ++e) {
+        dst[n * part.stride[2] + e * part.stride[3]] =
+            Store<IO>(part.src[static_cast<size_t>(e) * ld + static_cast<size_t>(margin + n)]);
+      }
+    }
+  }
+}
+
+template <typename T, typename IO>
+Status WindowBackward(const AttentionBackwardParams& bp, const Host& host) {
+  const AttentionParams& p = bp.fwd;
+  if (p.batch == 0 || p.heads == 0 || p.len_q == 0) return Status::Ok();
+  const std::int64_t L = static_cast<std::int64_t>(VectorLanes<T>());
+  const WindowGeometry<T> g(*p.window, L);
+  WindowBackwardPlan<T> plan;
+  plan.bp = &bp;
+  plan.g = &g;
+  plan.e_pad = static_cast<size_t>(round_up(std::max<std::int64_t>(p.dim_qk, 1), 4));
+  plan.ev_pad = static_cast<size_t>(round_up(std::max<std::int64_t>(p.dim_v, 1), 4));
+  std::vector<std::uint16_t> scatter_order(static_cast<size_t>(g.count));
+  for (size_t o0 = 0; o0 < scatter_order.size(); o0 += kOffsetChunk) {
+    const size_t n = std::min(kOffsetChunk, scatter_order.size() - o0);
+    std::uint16_t* ord = scatter_order.data() + o0;
+    std::iota(ord, ord + n, std::uint16_t{0});
+    std::sort(ord, ord + n, [&](std::uint16_t x, std::uint16_t y) {
+      const size_t a = o0 + x, b = o0 + y;
+      return g.dc[a] != g.dc[b] ? g.dc[a] < g.dc[b] : g.dr[a] < g.dr[b];
+    });
+  }
+  plan.scatter_order = scatter_order.data();
+  plan.band_vectors = std::max<std::int64_t>(1, (g.off_max - g.off_min + L - 1) / L);
+  plan.bands = (g.vectors + plan.band_vectors - 1) / plan.band_vectors;
+  plan.pack_tasks_per_head = (p.len_q + kBackwardPackChunk - 1) / kBackwardPackChunk;
+  plan.head_elems = (3 * plan.e_pad + 3 * plan.ev_pad + 2) * plan.ld();
+  const std::int64_t pairs = p.batch * p.heads;
+  const std::int64_t group = std::clamp<std::int64_t>(
+      static_cast<std::int64_t>(kBackwardPackBudgetBytes / (plan.head_elems * sizeof(T))), 1,
+      pairs);
+  const size_t lanes = static_cast<size_t>(L);
+  plan.scratch_elems = 2 * ScratchCarver<T>::padded(kOffsetChunk * lanes) +
+                       ScratchCarver<T>::padded(plan.e_pad * lanes) +
+                       2 * ScratchCarver<T>::padded(lanes);
+  const int threads = std::max(host.num_threads, 1);
+  const size_t elems = plan.head_elems * static_cast<size_t>(group) +
+                       plan.scratch_elems * static_cast<size_t>(threads);
+  Workspace ws(host);
+  if (!ws.allocate(elems * sizeof(T))) {
+    return Status::OutOfMemory("attention_backward (window): the host could not allocate " +
+                               std::to_string(elems * sizeof(T)) + " bytes of workspace");
+  }
+  plan.packed = reinterpret_cast<T*>(ws.data());
+  plan.scratch = plan.packed + plan.head_elems * static_cast<size_t>(group);
+  for (plan.group_first = 0; plan.group_first < pairs; plan.group_first += group) {
+    plan.group_size = std::min(group, pairs - plan.group_first);
+    run_tasks(host, plan.group_size * plan.pack_tasks_per_head, &plan, BackwardPackTask<T, IO>);
+    for (plan.parity = 0; plan.parity < std::min<std::int64_t>(2, plan.bands); ++plan.parity) {
+      const std::int64_t per_head = (plan.bands - plan.parity + 1) / 2;
+      run_tasks(host, plan.group_size * per_head, &plan, BandTask<T, IO>);
+    }
+    run_tasks(host, plan.group_size * plan.pack_tasks_per_head, &plan, UnpackTask<T, IO>);
+  }
+  return Status::Ok();
+}
+
+ATTN2D_DTYPE_INSTANCES(WindowBackward, WindowBackward, AttentionBackwardParams)
+
+}  // namespace HWY_NAMESPACE
+}  // namespace cpu
+}  // namespace attn2d
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace attn2d {
+namespace cpu {
+
+ATTN2D_DTYPE_DISPATCH(WindowBackward, window_backward, AttentionBackwardParams)
+
+}  // namespace cpu
+}  // namespace attn2d
+#endif  // HWY_ONCE
