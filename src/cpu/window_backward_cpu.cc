@@ -26,6 +26,7 @@
 #include <limits>
 #include <numeric>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "attn2d/attention_params.h"
@@ -130,29 +131,44 @@ void BackwardPackTask(void* ctx, std::int64_t task, int /*thread*/) {
   PackWindowRows(g, head(p.v, p.v_stride), p.v_stride, n0, count, Ev, plan.ev_pad, plan.vt(slot));
   PackWindowRows(g, head(bp.dout, bp.dout_stride), bp.dout_stride, n0, count, Ev, plan.ev_pad,
                  plan.dot(slot));
+  // D = rowsum(dO * O), vectorised over positions from O packed into dV^T's rows for the
+  // moment (dV^T is zeroed below).
+  PackWindowRows(g, head(p.out, p.out_stride), p.out_stride, n0, count, Ev, plan.ev_pad,
+                 plan.dvt(slot));
+  const hn::ScalableTag<T> d;
+  const size_t L = hn::Lanes(d);
+  const size_t c0 = static_cast<size_t>(g.margin + n0), c1 = c0 + static_cast<size_t>(count);
+  const size_t c_end = c0 + (c1 - c0) / L * L;
+  T* delta = plan.delta(slot);
+  const T* dot = plan.dot(slot);
+  const T* ot = plan.dvt(slot);
+  for (size_t c = c0; c < c_end; c += L) {
+    auto acc = hn::Zero(d);
+    for (size_t ev = 0; ev < Ev; ++ev) {
+      acc = hn::MulAdd(hn::LoadU(d, dot + ev * ld + c), hn::LoadU(d, ot + ev * ld + c), acc);
+    }
+    hn::StoreU(acc, d, delta + c);
+  }
+  for (size_t c = c_end; c < c1; ++c) {
+    T D = 0;
+    for (size_t ev = 0; ev < Ev; ++ev) D += dot[ev * ld + c] * ot[ev * ld + c];
+    delta[c] = D;
+  }
   FillWindowRows(g, n0, count, plan.e_pad, T(0), plan.dkt(slot));
   FillWindowRows(g, n0, count, plan.ev_pad, T(0), plan.dvt(slot));
   FillWindowRows(g, n0, count, 1, std::numeric_limits<T>::infinity(), plan.lse(slot));
-  FillWindowRows(g, n0, count, 1, T(0), plan.delta(slot));
+  if (n0 == 0) std::fill(delta, delta + g.margin, T(0));
+  if (n0 + count == p.len_q) std::fill(delta + g.margin + p.len_q, delta + ld, T(0));
   const T scale = static_cast<T>(p.scale);
+  T* qt = plan.qt(slot);
+  for (size_t e = 0; e < E; ++e) {
+    for (size_t c = c0; c < c1; ++c) qt[e * ld + c] *= scale;
+  }
   const T* lse = static_cast<const T*>(p.lse) + b * p.lse_stride[0] + h * p.lse_stride[1];
-  const IO* out = head(p.out, p.out_stride);
-  const IO* dout = head(bp.dout, bp.dout_stride);
-  T* qt = plan.qt(slot) + g.margin;
   T* lse_row = plan.lse(slot) + g.margin;
-  T* delta = plan.delta(slot) + g.margin;
   for (std::int64_t n = n0; n < n0 + count; ++n) {
-    const size_t c = static_cast<size_t>(n);
-    for (size_t e = 0; e < E; ++e) qt[e * ld + c] *= scale;
     const T l = lse[n * p.lse_stride[2]];
-    if (l != -std::numeric_limits<T>::infinity()) lse_row[c] = l;
-    T D = 0;
-    for (size_t ev = 0; ev < Ev; ++ev) {
-      const std::int64_t e = static_cast<std::int64_t>(ev);
-      D += Load<T>(dout[n * bp.dout_stride[2] + e * bp.dout_stride[3]]) *
-           Load<T>(out[n * p.out_stride[2] + e * p.out_stride[3]]);
-    }
-    delta[c] = D;
+    if (l != -std::numeric_limits<T>::infinity()) lse_row[n] = l;
   }
 }
 
@@ -243,10 +259,21 @@ void UnpackTask(void* ctx, std::int64_t task, int /*thread*/) {
                {plan.dvt(slot), bp.dv, bp.dv_stride, p.dim_v}};
   for (const auto& part : parts) {
     IO* dst = static_cast<IO*>(part.dst) + offset4(part.stride, b, h, 0, 0);
+    const T* src = part.src + static_cast<size_t>(margin);
+    if constexpr (std::is_same<IO, T>::value) {
+      if (part.stride[3] == 1) {
+        // The packing transpose run backwards: (width, positions) -> (positions, width).
+        PackTransposed<T, T>(src + n0, Rows{nullptr, 0, static_cast<size_t>(part.width)},
+                             static_cast<std::int64_t>(ld), 1, static_cast<size_t>(n1 - n0),
+                             dst + n0 * part.stride[2], static_cast<size_t>(part.stride[2]),
+                             static_cast<size_t>(part.width));
+        continue;
+      }
+    }
     for (std::int64_t n = n0; n < n1; ++n) {
       for (std::int64_t e = 0; e < part.width; ++e) {
         dst[n * part.stride[2] + e * part.stride[3]] =
-            Store<IO>(part.src[static_cast<size_t>(e) * ld + static_cast<size_t>(margin + n)]);
+            Store<IO>(src[static_cast<size_t>(e) * ld + static_cast<size_t>(n)]);
       }
     }
   }
