@@ -50,10 +50,11 @@ namespace cpu {
 namespace HWY_NAMESPACE {
 
 // Packed heads share one buffer of at most this many bytes (or one head where a head is larger):
-// 3 E + 3 Ev + 2 rows per head, 7.2 MB at 128x128 with E = Ev = 16 (28.5 MB at 256x256), below
-// the 20 MB of q, k, v, out and dO of 4 such heads. With one head per group, a 128x128 head
-// has 5 even bands and 2 threads idled a third of each phase.
-constexpr size_t kBackwardPackBudgetBytes = size_t{32} << 20;
+// 3 E + 3 Ev + 2 rows per head, 7.2 MB at 128x128 with E = Ev = 16 (28.5 MB at 256x256). One
+// head per group (8 MiB) leaves a 128x128 head 5 even bands, on which 2 threads idle a third of
+// each phase; 2 heads (16 MiB) ran the 15x15 backward at 30.0 and 30.7 ms against 34.6 and
+// 33.9 ms (training step, 4 heads, E = 16, 2 threads), and 4 heads (32 MiB) were no faster.
+constexpr size_t kBackwardPackBudgetBytes = size_t{16} << 20;
 constexpr std::int64_t kBackwardPackChunk = 1024;  // positions per packing task
 // Offsets per pass over a vector's arrays: S and dS of 32 offsets are 2 x 2 KiB of L1, where a
 // whole 15x15 window's (225 offsets) would take 2 x 14 KiB of the 48 KiB that the shifted rows
