@@ -11,10 +11,11 @@
 // allowed pairs of a 15x15 square, 4.9x those of a diamond).
 //
 // dK and dV are scattered, so queries that reach the same keys must not run at once: each head's
-// vectors are cut into bands of B raster-consecutive vectors, B * L >= max off - min off, so that
-// band k reaches no key that band k + 2 reaches; the even bands run in parallel, then the odd
-// ones. Every key's sum thus runs in one fixed order (its even band's vectors, then its odd
-// band's, each in raster order, offsets in walk order), whatever the thread count.
+// vectors are cut into bands of B raster-consecutive vectors, (P - 1) B L >= max off - min off,
+// so that band k reaches no key that band k + P reaches; the P phases run bands 0, P, 2P, ...
+// in parallel, then bands 1, P + 1, ..., and so on. Every key's sum thus runs in one fixed
+// order (by phase, then each band's vectors in raster order, offsets in walk order), whatever
+// the thread count.
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "src/cpu/window_backward_cpu.cc"
@@ -50,11 +51,10 @@ namespace cpu {
 namespace HWY_NAMESPACE {
 
 // Packed heads share one buffer of at most this many bytes (or one head where a head is larger):
-// 3 E + 3 Ev + 2 rows per head, 7.2 MB at 128x128 with E = Ev = 16 (28.5 MB at 256x256). One
-// head per group (8 MiB) leaves a 128x128 head 5 even bands, on which 2 threads idle a third of
-// each phase; 2 heads (16 MiB) ran the 15x15 backward at 30.0 and 30.7 ms against 34.6 and
-// 33.9 ms (training step, 4 heads, E = 16, 2 threads), and 4 heads (32 MiB) were no faster.
-constexpr size_t kBackwardPackBudgetBytes = size_t{16} << 20;
+// 3 E + 3 Ev + 2 rows per head, 7.2 MB at 128x128 with E = Ev = 16 (28.5 MB at 256x256), as
+// the forward's budget (window_forward_cpu.cc). Two heads (16 MiB) lifted the peak memory of a
+// 128x128 training step above global attention's (30.1 against 21.6 MiB).
+constexpr size_t kBackwardPackBudgetBytes = size_t{8} << 20;
 constexpr std::int64_t kBackwardPackChunk = 1024;  // positions per packing task
 // Offsets per pass over a vector's arrays: S and dS of 32 offsets are 2 x 2 KiB of L1, where a
 // whole 15x15 window's (225 offsets) would take 2 x 14 KiB of the 48 KiB that the shifted rows
@@ -71,10 +71,14 @@ struct WindowBackwardPlan {
   size_t e_pad, ev_pad;           // E and Ev rounded up to 4 (zero rows)
   std::int64_t band_vectors;      // B
   std::int64_t bands;             // per head
+  std::int64_t phases;            // P
   std::int64_t pack_tasks_per_head;
   std::int64_t group_first = 0;   // the (b, h) pairs packed now: group_first ..
   std::int64_t group_size = 0;
-  std::int64_t parity = 0;        // the bands running now: even (0) or odd (1)
+  std::int64_t phase = 0;         // the bands running now: phase, phase + P, ...
+
+  // Bands of one head in `phase`.
+  std::int64_t bands_in(std::int64_t ph) const { return (bands - ph + phases - 1) / phases; }
   size_t head_elems;              // (3 e_pad + 3 ev_pad + 2) * ld
   const std::uint16_t* scatter_order;  // (count,) per chunk of kOffsetChunk, its walk order
   T* packed;
@@ -182,9 +186,9 @@ void BandTask(void* ctx, std::int64_t task, int thread) {
   const WindowGeometry<T>& g = *plan.g;
   const hn::ScalableTag<T> d;
   const size_t L = hn::Lanes(d);
-  const std::int64_t per_head = (plan.bands - plan.parity + 1) / 2;
+  const std::int64_t per_head = plan.bands_in(plan.phase);
   const std::int64_t slot = task / per_head;
-  const std::int64_t band = 2 * (task % per_head) + plan.parity;
+  const std::int64_t band = plan.phases * (task % per_head) + plan.phase;
   const std::int64_t bh = plan.group_first + slot;
   const std::int64_t b = bh / p.heads, h = bh % p.heads;
   const size_t count = static_cast<size_t>(g.count), ld = plan.ld();
@@ -302,19 +306,26 @@ Status WindowBackward(const AttentionBackwardParams& bp, const Host& host) {
     });
   }
   plan.scatter_order = scatter_order.data();
-  plan.band_vectors = std::max<std::int64_t>(1, (g.off_max - g.off_min + L - 1) / L);
-  plan.bands = (g.vectors + plan.band_vectors - 1) / plan.band_vectors;
   plan.pack_tasks_per_head = (p.len_q + kBackwardPackChunk - 1) / kBackwardPackChunk;
   plan.head_elems = (3 * plan.e_pad + 3 * plan.ev_pad + 2) * plan.ld();
   const std::int64_t pairs = p.batch * p.heads;
+  const std::int64_t threads = std::max(host.num_threads, 1);
   const std::int64_t group = std::clamp<std::int64_t>(
       static_cast<std::int64_t>(kBackwardPackBudgetBytes / (plan.head_elems * sizeof(T))), 1,
       pairs);
+  // P = 3 phases: a 128x128 head under a 15x15 window then has 18 bands (6 per phase, 3 rounds
+  // of 2 threads each) where P = 2 gave 10 of twice the size (5 per phase: a round with one
+  // thread idle). P depends on the problem only, never on the thread count, so that every
+  // thread count sums each key's terms in the same order.
+  plan.phases = 3;
+  plan.band_vectors =
+      std::max<std::int64_t>(1, (g.off_max - g.off_min + (plan.phases - 1) * L - 1) /
+                                    ((plan.phases - 1) * L));
+  plan.bands = (g.vectors + plan.band_vectors - 1) / plan.band_vectors;
   const size_t lanes = static_cast<size_t>(L);
   plan.scratch_elems = 2 * ScratchCarver<T>::padded(kOffsetChunk * lanes) +
                        ScratchCarver<T>::padded(plan.e_pad * lanes) +
                        2 * ScratchCarver<T>::padded(lanes);
-  const int threads = std::max(host.num_threads, 1);
   const size_t elems = plan.head_elems * static_cast<size_t>(group) +
                        plan.scratch_elems * static_cast<size_t>(threads);
   Workspace ws(host);
@@ -327,8 +338,8 @@ Status WindowBackward(const AttentionBackwardParams& bp, const Host& host) {
   for (plan.group_first = 0; plan.group_first < pairs; plan.group_first += group) {
     plan.group_size = std::min(group, pairs - plan.group_first);
     run_tasks(host, plan.group_size * plan.pack_tasks_per_head, &plan, BackwardPackTask<T, IO>);
-    for (plan.parity = 0; plan.parity < std::min<std::int64_t>(2, plan.bands); ++plan.parity) {
-      const std::int64_t per_head = (plan.bands - plan.parity + 1) / 2;
+    for (plan.phase = 0; plan.phase < std::min(plan.phases, plan.bands); ++plan.phase) {
+      const std::int64_t per_head = plan.bands_in(plan.phase);
       run_tasks(host, plan.group_size * per_head, &plan, BandTask<T, IO>);
     }
     run_tasks(host, plan.group_size * plan.pack_tasks_per_head, &plan, UnpackTask<T, IO>);
