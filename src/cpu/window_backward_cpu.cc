@@ -50,12 +50,6 @@ namespace attn2d {
 namespace cpu {
 namespace HWY_NAMESPACE {
 
-// Packed heads share one buffer of at most this many bytes (or one head where a head is larger):
-// 3 E + 3 Ev + 2 rows per head, 7.2 MB at 128x128 with E = Ev = 16 (28.5 MB at 256x256), as
-// the forward's budget (window_forward_cpu.cc). Two heads (16 MiB) lifted the peak memory of a
-// 128x128 training step above global attention's (30.1 against 21.6 MiB).
-constexpr size_t kBackwardPackBudgetBytes = size_t{8} << 20;
-constexpr std::int64_t kBackwardPackChunk = 1024;  // positions per packing task
 // Offsets per pass over a vector's arrays: S and dS of 32 offsets are 2 x 2 KiB of L1, where a
 // whole 15x15 window's (225 offsets) would take 2 x 14 KiB of the 48 KiB that the shifted rows
 // of K, V, dK and dV stream through. Within a chunk the scatter walks the offsets column-major
@@ -100,38 +94,22 @@ struct WindowBackwardPlan {
   T* delta(std::int64_t slot) const { return lse(slot) + ld(); }
 };
 
-// dst[e * ld + margin + n] = value for the chunk [n0, n0 + count) and, in the tasks holding the
-// first and last positions, the margins.
-template <typename T>
-void FillWindowRows(const WindowGeometry<T>& g, std::int64_t n0, std::int64_t count, size_t rows,
-                    T value, T* dst) {
-  const size_t ld = static_cast<size_t>(g.ld);
-  const std::int64_t N = g.height * g.width;
-  for (size_t e = 0; e < rows; ++e) {
-    T* row = dst + e * ld;
-    std::fill(row + g.margin + n0, row + g.margin + n0 + count, value);
-    if (n0 == 0) std::fill(row, row + g.margin, value);
-    if (n0 + count == N) std::fill(row + g.margin + N, row + ld, value);
-  }
-}
-
 template <typename T, typename IO>
 void BackwardPackTask(void* ctx, std::int64_t task, int /*thread*/) {
   const WindowBackwardPlan<T>& plan = *static_cast<const WindowBackwardPlan<T>*>(ctx);
   const AttentionBackwardParams& bp = *plan.bp;
   const AttentionParams& p = bp.fwd;
   const WindowGeometry<T>& g = *plan.g;
-  const std::int64_t slot = task / plan.pack_tasks_per_head;
-  const std::int64_t bh = plan.group_first + slot;
-  const std::int64_t b = bh / p.heads, h = bh % p.heads;
-  const std::int64_t n0 = (task % plan.pack_tasks_per_head) * kBackwardPackChunk;
-  const std::int64_t count = std::min(kBackwardPackChunk, p.len_q - n0);
+  const PackChunk chunk(task, plan.pack_tasks_per_head, plan.group_first, p.heads, p.len_q);
+  const std::int64_t slot = chunk.slot, b = chunk.b, h = chunk.h;
+  const std::int64_t n0 = chunk.n0, count = chunk.count;
   const size_t E = static_cast<size_t>(p.dim_qk), Ev = static_cast<size_t>(p.dim_v);
   const size_t ld = plan.ld();
   auto head = [&](const void* base, const std::int64_t* stride) {
     return static_cast<const IO*>(base) + b * stride[0] + h * stride[1];
   };
-  PackWindowRows(g, head(p.q, p.q_stride), p.q_stride, n0, count, E, plan.e_pad, plan.qt(slot));
+  PackWindowRows(g, head(p.q, p.q_stride), p.q_stride, n0, count, E, plan.e_pad, plan.qt(slot),
+                 static_cast<T>(p.scale));
   PackWindowRows(g, head(p.k, p.k_stride), p.k_stride, n0, count, E, plan.e_pad, plan.kt(slot));
   PackWindowRows(g, head(p.v, p.v_stride), p.v_stride, n0, count, Ev, plan.ev_pad, plan.vt(slot));
   PackWindowRows(g, head(bp.dout, bp.dout_stride), bp.dout_stride, n0, count, Ev, plan.ev_pad,
@@ -162,13 +140,7 @@ void BackwardPackTask(void* ctx, std::int64_t task, int /*thread*/) {
   FillWindowRows(g, n0, count, plan.e_pad, T(0), plan.dkt(slot));
   FillWindowRows(g, n0, count, plan.ev_pad, T(0), plan.dvt(slot));
   FillWindowRows(g, n0, count, 1, std::numeric_limits<T>::infinity(), plan.lse(slot));
-  if (n0 == 0) std::fill(delta, delta + g.margin, T(0));
-  if (n0 + count == p.len_q) std::fill(delta + g.margin + p.len_q, delta + ld, T(0));
-  const T scale = static_cast<T>(p.scale);
-  T* qt = plan.qt(slot);
-  for (size_t e = 0; e < E; ++e) {
-    for (size_t c = c0; c < c1; ++c) qt[e * ld + c] *= scale;
-  }
+  FillMargins(g, n0, count, 1, T(0), delta);
   const T* lse = static_cast<const T*>(p.lse) + b * p.lse_stride[0] + h * p.lse_stride[1];
   T* lse_row = plan.lse(slot) + g.margin;
   for (std::int64_t n = n0; n < n0 + count; ++n) {
@@ -209,6 +181,7 @@ void BandTask(void* ctx, std::int64_t task, int thread) {
     const size_t lanes = static_cast<size_t>(std::min<std::int64_t>(L, p.len_q - q0));
     const size_t col = static_cast<size_t>(g.margin + q0);
     const bool interior = g.interior(q0);
+    if (!interior) LanePositions(d, g, q0, lanes_i, lanes_j);
     // Masked scores are -inf and the lse is +inf for lanes that saw no key: exp gives 0 either
     // way, never exp(-inf + inf).
     const auto lse = hn::Load(d, plan.lse(slot) + col);
@@ -218,7 +191,7 @@ void BandTask(void* ctx, std::int64_t task, int thread) {
       const std::int64_t* off = g.off.data() + o0;
       VectorDots(d, g, off, n, qt + col, kt + col, plan.e_pad, S, false);
       VectorDots(d, g, off, n, dot + col, vt + col, plan.ev_pad, G, false);
-      if (!interior) MaskOutside(d, g, o0, n, q0, lanes_i, lanes_j, S);
+      if (!interior) MaskOutside(d, g, o0, n, lanes_i, lanes_j, S);
       for (size_t o = 0; o < n; ++o) {
         const auto pr = ExpOf(d, hn::Sub(hn::Load(d, S + o * L), lse));
         hn::Store(pr, d, S + o * L);
@@ -242,17 +215,15 @@ void BandTask(void* ctx, std::int64_t task, int thread) {
   }
 }
 
-// Writes positions [n0, n0 + kBackwardPackChunk) of one head's dK and dV.
+// Writes positions [n0, n0 + kPackChunk) of one head's dK and dV.
 template <typename T, typename IO>
 void UnpackTask(void* ctx, std::int64_t task, int /*thread*/) {
   const WindowBackwardPlan<T>& plan = *static_cast<const WindowBackwardPlan<T>*>(ctx);
   const AttentionBackwardParams& bp = *plan.bp;
   const AttentionParams& p = bp.fwd;
-  const std::int64_t slot = task / plan.pack_tasks_per_head;
-  const std::int64_t bh = plan.group_first + slot;
-  const std::int64_t b = bh / p.heads, h = bh % p.heads;
-  const std::int64_t n0 = (task % plan.pack_tasks_per_head) * kBackwardPackChunk;
-  const std::int64_t n1 = std::min(n0 + kBackwardPackChunk, p.len_q);
+  const PackChunk chunk(task, plan.pack_tasks_per_head, plan.group_first, p.heads, p.len_q);
+  const std::int64_t slot = chunk.slot, b = chunk.b, h = chunk.h;
+  const std::int64_t n0 = chunk.n0, n1 = chunk.n0 + chunk.count;
   const size_t ld = plan.ld();
   const std::int64_t margin = plan.g->margin;
   const struct {
@@ -306,13 +277,11 @@ Status WindowBackward(const AttentionBackwardParams& bp, const Host& host) {
     });
   }
   plan.scatter_order = scatter_order.data();
-  plan.pack_tasks_per_head = (p.len_q + kBackwardPackChunk - 1) / kBackwardPackChunk;
+  plan.pack_tasks_per_head = (p.len_q + kPackChunk - 1) / kPackChunk;
   plan.head_elems = (3 * plan.e_pad + 3 * plan.ev_pad + 2) * plan.ld();
   const std::int64_t pairs = p.batch * p.heads;
   const std::int64_t threads = std::max(host.num_threads, 1);
-  const std::int64_t group = std::clamp<std::int64_t>(
-      static_cast<std::int64_t>(kBackwardPackBudgetBytes / (plan.head_elems * sizeof(T))), 1,
-      pairs);
+  const std::int64_t group = HeadsPerGroup(plan.head_elems * sizeof(T), pairs);
   // P = 3 phases: a 128x128 head under a 15x15 window then has 18 bands (6 per phase, 3 rounds
   // of 2 threads each) where P = 2 gave 10 of twice the size (5 per phase: a round with one
   // thread idle). P depends on the problem only, never on the thread count, so that every

@@ -45,11 +45,6 @@ namespace attn2d {
 namespace cpu {
 namespace HWY_NAMESPACE {
 
-// Packed heads share one buffer of at most this many bytes, or one head where a head is larger
-// (13.3 MB at 256x256 with E = Ev = 16; 3.3 MB at 128x128): the packed copy is transient
-// workspace of O(N (2E + Ev)), kept below the inputs' own size (50 MB there for 4 heads).
-constexpr size_t kPackBudgetBytes = size_t{8} << 20;
-constexpr std::int64_t kPackChunk = 1024;  // positions per packing task
 constexpr std::int64_t kRowsPerTask = 32;  // vectors per task, one below the other
 
 template <typename T>
@@ -80,24 +75,18 @@ void PackTask(void* ctx, std::int64_t task, int /*thread*/) {
   const WindowPlan<T>& plan = *static_cast<const WindowPlan<T>*>(ctx);
   const AttentionParams& p = *plan.p;
   const WindowGeometry<T>& g = *plan.g;
-  const std::int64_t slot = task / plan.pack_tasks_per_head;
-  const std::int64_t bh = plan.group_first + slot;
-  const std::int64_t b = bh / p.heads, h = bh % p.heads;
-  const std::int64_t n0 = (task % plan.pack_tasks_per_head) * kPackChunk;
-  const std::int64_t count = std::min(kPackChunk, p.len_q - n0);
+  const PackChunk c(task, plan.pack_tasks_per_head, plan.group_first, p.heads, p.len_q);
   const size_t E = static_cast<size_t>(p.dim_qk), Ev = static_cast<size_t>(p.dim_v);
   auto head = [&](const void* base, const std::int64_t* stride) {
-    return static_cast<const IO*>(base) + b * stride[0] + h * stride[1];
+    return static_cast<const IO*>(base) + c.b * stride[0] + c.h * stride[1];
   };
-  PackWindowRows(g, head(p.q, p.q_stride), p.q_stride, n0, count, E, plan.e_pad, plan.qt(slot));
-  PackWindowRows(g, head(p.k, p.k_stride), p.k_stride, n0, count, E, plan.e_pad, plan.kt(slot));
-  PackWindowRows(g, head(p.v, p.v_stride), p.v_stride, n0, count, Ev, plan.ev_pad, plan.vt(slot));
   // The softmax scale goes into Q^T once, as the tiled kernels pre-scale their query tile.
-  const T scale = static_cast<T>(p.scale);
-  T* q = plan.qt(slot) + g.margin + n0;
-  for (size_t e = 0; e < E; ++e) {
-    for (std::int64_t n = 0; n < count; ++n) q[e * plan.ld() + static_cast<size_t>(n)] *= scale;
-  }
+  PackWindowRows(g, head(p.q, p.q_stride), p.q_stride, c.n0, c.count, E, plan.e_pad,
+                 plan.qt(c.slot), static_cast<T>(p.scale));
+  PackWindowRows(g, head(p.k, p.k_stride), p.k_stride, c.n0, c.count, E, plan.e_pad,
+                 plan.kt(c.slot));
+  PackWindowRows(g, head(p.v, p.v_stride), p.v_stride, c.n0, c.count, Ev, plan.ev_pad,
+                 plan.vt(c.slot));
 }
 
 // One task: up to kRowsPerTask query vectors of one head of the packed group.
@@ -140,7 +129,10 @@ void QueryTask(void* ctx, std::int64_t task, int thread) {
     const bool interior = g.interior(q0);
     auto vmax = VectorDots(d, g, g.off.data(), count, plan.qt(slot) + col, plan.kt(slot) + col,
                            plan.e_pad, S, interior);
-    if (!interior) vmax = MaskOutside(d, g, 0, count, q0, lanes_i, lanes_j, S);
+    if (!interior) {
+      LanePositions(d, g, q0, lanes_i, lanes_j);
+      vmax = MaskOutside(d, g, 0, count, lanes_i, lanes_j, S);
+    }
     // exp against the row max (in the first output sweep); a row that sees no key (max -inf)
     // shifts by 0, so its exps are exp(-inf) = 0 and its sum 0.
     const auto empty = hn::Eq(vmax, hn::Set(d, kNegInf));
@@ -189,8 +181,7 @@ Status WindowForward(const AttentionParams& p, const Host& host) {
   plan.pack_tasks_per_head = (p.len_q + kPackChunk - 1) / kPackChunk;
   plan.head_elems = (2 * plan.e_pad + plan.ev_pad) * plan.ld();
   const std::int64_t pairs = p.batch * p.heads;
-  const std::int64_t group = std::clamp<std::int64_t>(
-      static_cast<std::int64_t>(kPackBudgetBytes / (plan.head_elems * sizeof(T))), 1, pairs);
+  const std::int64_t group = HeadsPerGroup(plan.head_elems * sizeof(T), pairs);
   const size_t count = static_cast<size_t>(g.count);
   plan.scratch_elems = ScratchCarver<T>::padded(count * L) +
                        ScratchCarver<T>::padded(kRowsPerSweep * L) +

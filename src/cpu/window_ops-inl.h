@@ -218,20 +218,26 @@ HWY_INLINE void VectorScatter(D d, const WindowGeometry<T>& g, const std::int64_
   }
 }
 
-// Sets to -inf the scores S (count, L) of offsets o0 .. o0 + count - 1 in the lanes of the
-// vector from query q0 whose key at that offset falls outside the map (and every score of lanes
-// past the last query); returns their lane-wise max. lanes_i, lanes_j: (L,) scratch.
+// lanes_i, lanes_j (L,) = the pixel row and column of each lane of the vector from query q0; a
+// row of -2 * height for lanes past the last query puts them out of reach of every offset.
 template <class D, typename T>
-HWY_INLINE hn::Vec<D> MaskOutside(D d, const WindowGeometry<T>& g, size_t o0, size_t count,
-                                  std::int64_t q0, T* lanes_i, T* lanes_j, T* S) {
-  const size_t L = hn::Lanes(d);
+HWY_INLINE void LanePositions(D d, const WindowGeometry<T>& g, std::int64_t q0, T* lanes_i,
+                              T* lanes_j) {
   const std::int64_t N = g.height * g.width;
-  for (size_t lane = 0; lane < L; ++lane) {
+  for (size_t lane = 0; lane < hn::Lanes(d); ++lane) {
     const std::int64_t n = q0 + static_cast<std::int64_t>(lane);
-    // A row of -2 * height puts a lane past N out of reach of every offset.
     lanes_i[lane] = n < N ? static_cast<T>(n / g.width) : static_cast<T>(-2 * g.height);
     lanes_j[lane] = static_cast<T>(n % g.width);
   }
+}
+
+// Sets to -inf the scores S (count, L) of offsets o0 .. o0 + count - 1 in the lanes (positions
+// from LanePositions) whose key at that offset falls outside the map; returns their lane-wise
+// max.
+template <class D, typename T>
+HWY_INLINE hn::Vec<D> MaskOutside(D d, const WindowGeometry<T>& g, size_t o0, size_t count,
+                                  const T* lanes_i, const T* lanes_j, T* S) {
+  const size_t L = hn::Lanes(d);
   const auto neg_inf = hn::Set(d, -std::numeric_limits<T>::infinity());
   const auto i_lo = hn::Sub(hn::Zero(d), hn::Load(d, lanes_i));  // dr >= -i
   const auto i_hi = hn::Sub(hn::Set(d, static_cast<T>(g.height - 1)), hn::Load(d, lanes_i));
@@ -249,26 +255,78 @@ HWY_INLINE hn::Vec<D> MaskOutside(D d, const WindowGeometry<T>& g, size_t o0, si
   return vmax;
 }
 
+// Packed heads share one buffer of at most this many bytes, or one head where a head is larger
+// (forward: 3.3 MB a head at 128x128 with E = Ev = 16, 13.3 MB at 256x256; backward, with 3 E
+// + 3 Ev + 2 rows: 7.2 and 28.5 MB): transient workspace of O(N (E + Ev)). The backward's
+// buffer at two 128x128 heads (16 MiB) lifted a training step's peak memory above global
+// attention's (30.1 against 21.6 MiB).
+constexpr size_t kPackBudgetBytes = size_t{8} << 20;
+constexpr std::int64_t kPackChunk = 1024;  // positions per packing task
+
+// Heads packed at once: as many of head_bytes as fit kPackBudgetBytes, at least one.
+inline std::int64_t HeadsPerGroup(size_t head_bytes, std::int64_t pairs) {
+  return std::clamp<std::int64_t>(static_cast<std::int64_t>(kPackBudgetBytes / head_bytes), 1,
+                                  pairs);
+}
+
+// Packing task `task` of a group whose first (batch, head) pair is group_first: head `slot` of
+// the group, positions [n0, n0 + count).
+struct PackChunk {
+  std::int64_t slot, b, h, n0, count;
+  PackChunk(std::int64_t task, std::int64_t tasks_per_head, std::int64_t group_first,
+            std::int64_t heads, std::int64_t N)
+      : slot(task / tasks_per_head),
+        b((group_first + slot) / heads),
+        h((group_first + slot) % heads),
+        n0(task % tasks_per_head * kPackChunk),
+        count(std::min(kPackChunk, N - n0)) {}
+};
+
+// dst[r * ld + margin + n] = value for rows r < rows in the margins before and after the
+// positions, written by the tasks holding the first and the last position.
+template <typename T>
+HWY_INLINE void FillMargins(const WindowGeometry<T>& g, std::int64_t n0, std::int64_t count,
+                            size_t rows, T value, T* dst) {
+  const size_t ld = static_cast<size_t>(g.ld);
+  const std::int64_t N = g.height * g.width;
+  for (size_t r = 0; r < rows; ++r) {
+    T* row = dst + r * ld;
+    if (n0 == 0) std::fill(row, row + g.margin, value);
+    if (n0 + count == N) std::fill(row + g.margin + N, row + ld, value);
+  }
+}
+
+// The same over the chunk's own columns too.
+template <typename T>
+HWY_INLINE void FillWindowRows(const WindowGeometry<T>& g, std::int64_t n0, std::int64_t count,
+                               size_t rows, T value, T* dst) {
+  const size_t ld = static_cast<size_t>(g.ld);
+  for (size_t r = 0; r < rows; ++r) {
+    std::fill(dst + r * ld + g.margin + n0, dst + r * ld + g.margin + n0 + count, value);
+  }
+  FillMargins(g, n0, count, rows, value, dst);
+}
+
 // Packs positions [n0, n0 + count) of one head's (N, width) rows from `base` (strides in
-// elements, base at (b, h, 0, 0)) into dst (rows_pad, ld) transposed, at columns margin + n;
-// zeroes the padding rows, and the margins in the tasks holding the first and last positions.
+// elements, base at (b, h, 0, 0)) into dst (rows_pad, ld) transposed and times `scale`, at
+// columns margin + n; zeroes the padding rows and the margins.
 template <typename T, typename IO>
 HWY_INLINE void PackWindowRows(const WindowGeometry<T>& g, const IO* base,
                                const std::int64_t* stride, std::int64_t n0, std::int64_t count,
-                               size_t width, size_t rows_pad, T* dst) {
+                               size_t width, size_t rows_pad, T* dst, T scale = T(1)) {
   const size_t ld = static_cast<size_t>(g.ld), n = static_cast<size_t>(count);
-  const std::int64_t N = g.height * g.width;
-  const size_t col = static_cast<size_t>(g.margin + n0);
-  const Rows rows{nullptr, 0, n};
+  T* chunk = dst + static_cast<size_t>(g.margin + n0);
   if (width > 0) {
-    PackTransposed(base + n0 * stride[2], rows, stride[2], stride[3], width, dst + col, ld, n);
+    PackTransposed(base + n0 * stride[2], Rows{nullptr, 0, n}, stride[2], stride[3], width,
+                   chunk, ld, n);
   }
-  for (size_t e = width; e < rows_pad; ++e) std::fill(dst + e * ld + col, dst + e * ld + col + n, T(0));
-  for (size_t e = 0; e < rows_pad; ++e) {
-    T* row = dst + e * ld;
-    if (n0 == 0) std::fill(row, row + g.margin, T(0));
-    if (n0 + count == N) std::fill(row + g.margin + N, row + ld, T(0));
+  if (scale != T(1)) {
+    for (size_t r = 0; r < width; ++r) {
+      for (size_t c = 0; c < n; ++c) chunk[r * ld + c] *= scale;
+    }
   }
+  FillWindowRows(g, n0, count, rows_pad - width, T(0), dst + width * ld);
+  FillMargins(g, n0, count, width, T(0), dst);
 }
 
 }  // namespace HWY_NAMESPACE
