@@ -191,7 +191,7 @@ void BandTask(void* ctx, std::int64_t task, int thread) {
       const std::int64_t* off = g.off.data() + o0;
       VectorDots(d, g, off, n, qt + col, kt + col, plan.e_pad, S, false);
       VectorDots(d, g, off, n, dot + col, vt + col, plan.ev_pad, G, false);
-      if (!interior) MaskOutside(d, g, o0, n, lanes_i, lanes_j, S);
+      if (!interior) MaskOutside(d, g, g.dr.data() + o0, g.dc.data() + o0, n, lanes_i, lanes_j, S);
       for (size_t o = 0; o < n; ++o) {
         const auto pr = ExpOf(d, hn::Sub(hn::Load(d, S + o * L), lse));
         hn::Store(pr, d, S + o * L);

@@ -30,7 +30,30 @@ struct WindowGeometry {
   std::int64_t ld = 0;       // packed row length: margin + vectors * lanes + margin
   std::int64_t per_row = 0;  // vectors per pixel row, ceil(width / lanes)
 
-  WindowGeometry(const WindowOffsets& w, std::int64_t L)
+  // The offsets again, grouped by column dc for the blocked forward: where each column's row
+  // offsets are evenly spaced by one `row_step` (a square, diamond or disk, dilated or not),
+  // query vectors `block_stride` = row_step * width apart share key loads: query k of a block
+  // at its column's m-th offset reads the key row u = k + m, so R queries x D offsets of a
+  // column read R + D - 1 key rows instead of R D.
+  struct Column {
+    std::int64_t base;   // raster distance of the column's first offset (its smallest dr)
+    std::int64_t n;      // its offsets: base + m * block_stride, m < n
+    std::int64_t first;  // index of its first offset in column order
+  };
+  std::vector<Column> columns;
+  // The columns cut into dots sweeps of at most `block_offsets` offsets (equal parts: a
+  // 15-offset column in 3 of 5, not 6 + 6 + 3), ordered by their first key row and then by
+  // column, so that consecutive sweeps read the same key rows while they are in L1.
+  std::vector<Column> sweeps;
+  std::vector<T> col_dr, col_dc;  // (count,) the offsets in column order
+  std::int64_t block_rows = 1;    // R, query vectors per block; 1 where blocks do not apply
+  std::int64_t block_stride = 0;  // raster distance between a block's vectors, a multiple of L
+
+  // block_rows: the R wanted; blocks apply when the columns are evenly spaced with one step
+  // and row_step * width is a multiple of L (the vectors of a block then are whole vectors of
+  // the raster tiling).
+  WindowGeometry(const WindowOffsets& w, std::int64_t L, std::int64_t block_rows_wanted = 1,
+                 std::int64_t block_offsets = 1)
       : height(w.height), width(w.width), count(w.count), lanes(L) {
     const size_t n = static_cast<size_t>(count);
     std::vector<size_t> idx(n);
@@ -53,10 +76,65 @@ struct WindowGeometry {
     dc_max = *std::max_element(dc.begin(), dc.end());
     off_min = *std::min_element(off.begin(), off.end());
     off_max = *std::max_element(off.begin(), off.end());
-    margin = (reach + L + L - 1) / L * L;
+    BuildColumns(w, L, block_rows_wanted, block_offsets);
+    // Blocks read up to block_rows - 1 strides past their first vector, for queries and keys.
+    margin = (reach + (block_rows - 1) * block_stride + L + L - 1) / L * L;
     vectors = (height * width + L - 1) / L;
     ld = 2 * margin + vectors * L;
     per_row = (width + L - 1) / L;
+  }
+
+  // Fills columns, col_dr, col_dc, block_rows and block_stride.
+  void BuildColumns(const WindowOffsets& w, std::int64_t L, std::int64_t block_rows_wanted,
+                    std::int64_t block_offsets) {
+    const size_t n = static_cast<size_t>(count);
+    std::vector<size_t> idx(n);
+    std::iota(idx.begin(), idx.end(), size_t{0});
+    std::sort(idx.begin(), idx.end(), [&](size_t x, size_t y) {
+      return w.dc[x] != w.dc[y] ? w.dc[x] < w.dc[y] : w.dr[x] < w.dr[y];
+    });
+    std::int64_t step = 0;  // gcd of the row gaps within columns
+    for (size_t t = 1; t < n; ++t) {
+      if (w.dc[idx[t]] == w.dc[idx[t - 1]]) {
+        step = std::gcd(step, std::int64_t{w.dr[idx[t]]} - w.dr[idx[t - 1]]);
+      }
+    }
+    step = std::max<std::int64_t>(step, 1);
+    bool even = true;
+    for (size_t t = 0; t < n;) {
+      size_t e = t + 1;
+      while (e < n && w.dc[idx[e]] == w.dc[idx[t]]) ++e;
+      const std::int64_t first_dr = w.dr[idx[t]], span = w.dr[idx[e - 1]] - first_dr;
+      even = even && span == static_cast<std::int64_t>(e - t - 1) * step;
+      columns.push_back({first_dr * width + w.dc[idx[t]], static_cast<std::int64_t>(e - t),
+                         static_cast<std::int64_t>(t)});
+      t = e;
+    }
+    for (size_t t = 0; t < n; ++t) {
+      col_dr.push_back(static_cast<T>(w.dr[idx[t]]));
+      col_dc.push_back(static_cast<T>(w.dc[idx[t]]));
+    }
+    if (block_rows_wanted > 1 && even && step * width % L == 0) {
+      block_rows = block_rows_wanted;
+      block_stride = step * width;
+    }
+    std::vector<std::int64_t> first_dr;  // per sweep
+    for (const Column& c : columns) {
+      const std::int64_t parts = (c.n + block_offsets - 1) / block_offsets;
+      for (std::int64_t s = 0, m0 = 0; s < parts; ++s) {
+        const std::int64_t m1 = c.n * (s + 1) / parts;
+        sweeps.push_back({c.base + m0 * block_stride, m1 - m0, c.first + m0});
+        first_dr.push_back(static_cast<std::int64_t>(col_dr[static_cast<size_t>(c.first + m0)]));
+        m0 = m1;
+      }
+    }
+    std::vector<size_t> order(sweeps.size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t x, size_t y) { return first_dr[x] < first_dr[y]; });
+    std::vector<Column> sorted;
+    for (size_t i : order) sorted.push_back(sweeps[i]);
+    sweeps.swap(sorted);
   }
 
   // True when all L lanes of the vector from query q0 lie in one pixel row and every offset of

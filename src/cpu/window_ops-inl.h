@@ -218,6 +218,176 @@ HWY_INLINE void VectorScatter(D d, const WindowGeometry<T>& g, const std::int64_
   }
 }
 
+// Blocked kernels (window_geometry.h, Column): R query vectors block_stride apart. The offsets
+// of one column are evenly spaced by that stride, so query k at the column's m-th offset reads
+// the same key vector as query k + 1 at offset m - 1: key row u = k + m. One load then feeds up
+// to R multiply-adds, where the unblocked kernels above spend one load per multiply-add.
+
+// Query vectors per block and column offsets per dots sweep: R x D = 24 accumulators + R query
+// vectors + 1 key vector of AVX-512's 32 registers; (R + (R + D - 1)) / (R D) = 0.54 loads per
+// multiply-add.
+constexpr size_t kBlockRows = 4;
+constexpr size_t kBlockOffsets = 6;
+
+// v, kept in a register: GCC 12 otherwise folds a load with several multiply-add uses into each
+// of them as a memory operand (19 loads per 20 multiply-adds in a 4 x 5 sweep instead of 12),
+// which undoes the sharing the blocks are for.
+template <class V>
+HWY_INLINE V InRegister(V v) {
+#if HWY_ARCH_X86
+  asm("" : "+v"(v.raw));
+#endif
+  return v;
+}
+
+// S[k * s_stride + j * L + lane] = sum over rows e < rows of a[e * ld + k * rs + lane] *
+// b[e * ld + (k + j) * rs + lane], for k < R and j < kD: R query vectors (a) against kD offsets
+// of one column (b at its offset j = 0).
+template <size_t kR, size_t kD, class D, typename T>
+HWY_INLINE void BlockDotsSweep(D d, const T* HWY_RESTRICT a, const T* HWY_RESTRICT b, size_t ld,
+                               size_t rows, size_t rs, T* HWY_RESTRICT S, size_t s_stride) {
+  const size_t L = hn::Lanes(d);
+  hn::Vec<D> acc[kR][kD];
+  HWY_UNROLL(16)
+  for (size_t k = 0; k < kR; ++k) {
+    HWY_UNROLL(16)
+    for (size_t j = 0; j < kD; ++j) acc[k][j] = hn::Zero(d);
+  }
+  for (size_t e = 0; e < rows; ++e) {
+    const T* ae = a + e * ld;
+    const T* be = b + e * ld;
+    hn::Vec<D> qv[kR];
+    HWY_UNROLL(16)
+    for (size_t k = 0; k < kR; ++k) qv[k] = InRegister(hn::LoadU(d, ae + k * rs));
+    HWY_UNROLL(16)
+    for (size_t u = 0; u < kR + kD - 1; ++u) {
+      const auto kv = InRegister(hn::LoadU(d, be + u * rs));
+      HWY_UNROLL(16)
+      for (size_t k = 0; k < kR; ++k) {
+        if (u >= k && u - k < kD) acc[k][u - k] = hn::MulAdd(qv[k], kv, acc[k][u - k]);
+      }
+    }
+  }
+  HWY_UNROLL(16)
+  for (size_t k = 0; k < kR; ++k) {
+    HWY_UNROLL(16)
+    for (size_t j = 0; j < kD; ++j) hn::Store(acc[k][j], d, S + k * s_stride + j * L);
+  }
+}
+
+// The scores of R = kBlockRows query vectors (a: Q^T at the first) against every offset:
+// S (R, count, L) in column order; b: K^T at the first query's position.
+template <class D, typename T>
+HWY_INLINE void BlockDots(D d, const WindowGeometry<T>& g, const T* a, const T* b, size_t rows,
+                          T* S) {
+  constexpr size_t kR = kBlockRows;
+  const size_t L = hn::Lanes(d), ld = static_cast<size_t>(g.ld);
+  const size_t rs = static_cast<size_t>(g.block_stride);
+  const size_t s_stride = static_cast<size_t>(g.count) * L;
+  for (const auto& sw : g.sweeps) {
+    const T* bm = b + sw.base;
+    T* Sm = S + static_cast<size_t>(sw.first) * L;
+    switch (sw.n) {
+      case 1:
+        BlockDotsSweep<kR, 1>(d, a, bm, ld, rows, rs, Sm, s_stride);
+        break;
+      case 2:
+        BlockDotsSweep<kR, 2>(d, a, bm, ld, rows, rs, Sm, s_stride);
+        break;
+      case 3:
+        BlockDotsSweep<kR, 3>(d, a, bm, ld, rows, rs, Sm, s_stride);
+        break;
+      case 4:
+        BlockDotsSweep<kR, 4>(d, a, bm, ld, rows, rs, Sm, s_stride);
+        break;
+      case 5:
+        BlockDotsSweep<kR, 5>(d, a, bm, ld, rows, rs, Sm, s_stride);
+        break;
+      default:
+        BlockDotsSweep<kR, kBlockOffsets>(d, a, bm, ld, rows, rs, Sm, s_stride);
+        break;
+    }
+  }
+}
+
+// out[k * o_stride + i * L + lane] = sum over offsets of P[k * p_stride + o * L + lane] times
+// b[i * ld + off + k * rs + lane], for the R = kBlockRows query vectors k and 4 rows i (b: V^T
+// at the first query's position); P (R, count, L) in column order.
+template <class D, typename T>
+HWY_INLINE void BlockCombine(D d, const WindowGeometry<T>& g, const T* HWY_RESTRICT P,
+                             const T* HWY_RESTRICT b, T* HWY_RESTRICT out, size_t o_stride) {
+  constexpr size_t kR = kBlockRows, kRows = 4;
+  const size_t L = hn::Lanes(d), ld = static_cast<size_t>(g.ld);
+  const size_t rs = static_cast<size_t>(g.block_stride);
+  const size_t p_stride = static_cast<size_t>(g.count) * L;
+  hn::Vec<D> acc[kR][kRows];
+  HWY_UNROLL(16)
+  for (size_t k = 0; k < kR; ++k) {
+    HWY_UNROLL(16)
+    for (size_t i = 0; i < kRows; ++i) acc[k][i] = hn::Zero(d);
+  }
+  for (const auto& col : g.columns) {
+    const size_t n = static_cast<size_t>(col.n);
+    const T* bc = b + col.base;
+    const T* pc = P + static_cast<size_t>(col.first) * L;
+    // Key row u serves query k at the column's offset u - k, where 0 <= u - k < n. (An
+    // unguarded loop over the middle rows, where every k is served, measured no faster.)
+    for (size_t u = 0; u < n + kR - 1; ++u) {
+      hn::Vec<D> vv[kRows];
+      HWY_UNROLL(16)
+      for (size_t i = 0; i < kRows; ++i) vv[i] = InRegister(hn::LoadU(d, bc + i * ld + u * rs));
+      HWY_UNROLL(16)
+      for (size_t k = 0; k < kR; ++k) {
+        if (u < k || u - k >= n) continue;
+        const auto p = hn::Load(d, pc + k * p_stride + (u - k) * L);
+        HWY_UNROLL(16)
+        for (size_t i = 0; i < kRows; ++i) acc[k][i] = hn::MulAdd(p, vv[i], acc[k][i]);
+      }
+    }
+  }
+  HWY_UNROLL(16)
+  for (size_t k = 0; k < kR; ++k) {
+    HWY_UNROLL(16)
+    for (size_t i = 0; i < kRows; ++i) hn::Store(acc[k][i], d, out + k * o_stride + i * L);
+  }
+}
+
+// P = exp(S - shift) over the (count, L) scores S in place; returns their lane-wise sum.
+template <class D, typename T>
+HWY_INLINE hn::Vec<D> ExpInPlace(D d, T* S, size_t count, hn::Vec<D> shift) {
+  const size_t L = hn::Lanes(d);
+  auto sum0 = hn::Zero(d), sum1 = hn::Zero(d);
+  size_t o = 0;
+  for (; o + 2 <= count; o += 2) {
+    const auto p0 = ExpOf(d, hn::Sub(hn::Load(d, S + o * L), shift));
+    const auto p1 = ExpOf(d, hn::Sub(hn::Load(d, S + (o + 1) * L), shift));
+    hn::Store(p0, d, S + o * L);
+    hn::Store(p1, d, S + (o + 1) * L);
+    sum0 = hn::Add(sum0, p0);
+    sum1 = hn::Add(sum1, p1);
+  }
+  if (o < count) {
+    const auto p0 = ExpOf(d, hn::Sub(hn::Load(d, S + o * L), shift));
+    hn::Store(p0, d, S + o * L);
+    sum0 = hn::Add(sum0, p0);
+  }
+  return hn::Add(sum0, sum1);
+}
+
+// The lane-wise max of the (count, L) scores S.
+template <class D, typename T>
+HWY_INLINE hn::Vec<D> RowMax(D d, const T* S, size_t count) {
+  const size_t L = hn::Lanes(d);
+  auto m0 = hn::Set(d, -std::numeric_limits<T>::infinity()), m1 = m0;
+  size_t o = 0;
+  for (; o + 2 <= count; o += 2) {
+    m0 = hn::Max(m0, hn::Load(d, S + o * L));
+    m1 = hn::Max(m1, hn::Load(d, S + (o + 1) * L));
+  }
+  if (o < count) m0 = hn::Max(m0, hn::Load(d, S + o * L));
+  return hn::Max(m0, m1);
+}
+
 // lanes_i, lanes_j (L,) = the pixel row and column of each lane of the vector from query q0; a
 // row of -2 * height for lanes past the last query puts them out of reach of every offset.
 template <class D, typename T>
@@ -231,12 +401,13 @@ HWY_INLINE void LanePositions(D d, const WindowGeometry<T>& g, std::int64_t q0, 
   }
 }
 
-// Sets to -inf the scores S (count, L) of offsets o0 .. o0 + count - 1 in the lanes (positions
-// from LanePositions) whose key at that offset falls outside the map; returns their lane-wise
-// max.
+// Sets to -inf the scores S (count, L) of the offsets (dr_of[o], dc_of[o]), o < count, in the
+// lanes (positions from LanePositions) whose key at that offset falls outside the map; returns
+// their lane-wise max.
 template <class D, typename T>
-HWY_INLINE hn::Vec<D> MaskOutside(D d, const WindowGeometry<T>& g, size_t o0, size_t count,
-                                  const T* lanes_i, const T* lanes_j, T* S) {
+HWY_INLINE hn::Vec<D> MaskOutside(D d, const WindowGeometry<T>& g, const T* dr_of,
+                                  const T* dc_of, size_t count, const T* lanes_i,
+                                  const T* lanes_j, T* S) {
   const size_t L = hn::Lanes(d);
   const auto neg_inf = hn::Set(d, -std::numeric_limits<T>::infinity());
   const auto i_lo = hn::Sub(hn::Zero(d), hn::Load(d, lanes_i));  // dr >= -i
@@ -245,7 +416,7 @@ HWY_INLINE hn::Vec<D> MaskOutside(D d, const WindowGeometry<T>& g, size_t o0, si
   const auto j_hi = hn::Sub(hn::Set(d, static_cast<T>(g.width - 1)), hn::Load(d, lanes_j));
   auto vmax = neg_inf;
   for (size_t o = 0; o < count; ++o) {
-    const auto dr = hn::Set(d, g.dr[o0 + o]), dc = hn::Set(d, g.dc[o0 + o]);
+    const auto dr = hn::Set(d, dr_of[o]), dc = hn::Set(d, dc_of[o]);
     const auto inside = hn::And(hn::And(hn::Ge(dr, i_lo), hn::Le(dr, i_hi)),
                                 hn::And(hn::Ge(dc, j_lo), hn::Le(dc, j_hi)));
     const auto s = hn::IfThenElse(inside, hn::Load(d, S + o * L), neg_inf);
