@@ -16,6 +16,18 @@
 // in parallel, then bands 1, P + 1, ..., and so on. Every key's sum thus runs in one fixed
 // order (by phase, then each band's vectors in raster order, offsets in walk order), whatever
 // the thread count.
+//
+// Where the forward runs blocks (window_geometry.h: evenly spaced columns, width a multiple of
+// L), the backward runs two passes of blocks instead and scatters nothing:
+//   queries: per block of 4 query vectors, S, dP, P, dS and dQ^T = dS K^T(off)  (2E + Ev)
+//   keys:    per block of 4 key vectors and the window turned around (offsets -off: the
+//            queries that see a key), S^T, dP^T, P^T = exp(S^T - lse(-off)), dS^T, and
+//            dV^T = P^T dO^T(-off), dK^T = dS^T Q^T(-off) in registers       (2E + 2Ev)
+// 4E + 3Ev multiply-adds per pair against 3E + 2Ev, but every one of them from a load shared by
+// up to 4 multiply-adds (BlockDots, BlockCombine), where the scatter's 2(E + Ev) were
+// read-modify-writes of memory (0.86-1.15 ns each against 0.33 ns for a multiply-add from
+// memory, development VM). Each output element is written once, by one task: no bands, and
+// the same sums whatever the thread count.
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "src/cpu/window_backward_cpu.cc"
@@ -73,29 +85,32 @@ struct WindowBackwardPlan {
 
   // Bands of one head in `phase`.
   std::int64_t bands_in(std::int64_t ph) const { return (bands - ph + phases - 1) / phases; }
-  size_t head_elems;              // (3 e_pad + 3 ev_pad + 2) * ld
+  bool blocked;                   // two passes of blocks, else bands with scatter
+  const WindowGeometry<T>* gt;    // blocked: the window turned around (offsets -off)
+  std::int64_t tasks_per_head;    // blocked: tasks of each pass
+  size_t head_elems;              // (2 e_pad + 2 ev_pad + 2) * ld, + (e_pad + ev_pad) * ld banded
   const std::uint16_t* scatter_order;  // (count,) per chunk of kOffsetChunk, its walk order
   T* packed;
   size_t scratch_elems;  // per thread
   T* scratch;
 
   // Head `slot` of the group, each array (rows, ld) with column margin + n holding position n:
-  // Q^T (scaled), K^T, dK^T (e_pad rows), V^T, dO^T, dV^T (ev_pad rows), then one row of lse
-  // (+inf for a row that saw no key and in the margins, so that P = exp(S - lse) is 0 there)
-  // and one of D = rowsum(dO * O).
+  // Q^T (scaled), K^T (e_pad rows), V^T, dO^T (ev_pad rows), one row of lse (+inf for a row
+  // that saw no key and in the margins, so that P = exp(S - lse) is 0 there) and one of
+  // D = rowsum(dO * O); banded, then the scatter's dK^T and dV^T.
   size_t ld() const { return static_cast<size_t>(g->ld); }
   T* qt(std::int64_t slot) const { return packed + static_cast<size_t>(slot) * head_elems; }
   T* kt(std::int64_t slot) const { return qt(slot) + e_pad * ld(); }
-  T* dkt(std::int64_t slot) const { return kt(slot) + e_pad * ld(); }
-  T* vt(std::int64_t slot) const { return dkt(slot) + e_pad * ld(); }
+  T* vt(std::int64_t slot) const { return kt(slot) + e_pad * ld(); }
   T* dot(std::int64_t slot) const { return vt(slot) + ev_pad * ld(); }
-  T* dvt(std::int64_t slot) const { return dot(slot) + ev_pad * ld(); }
-  T* lse(std::int64_t slot) const { return dvt(slot) + ev_pad * ld(); }
+  T* lse(std::int64_t slot) const { return dot(slot) + ev_pad * ld(); }
   T* delta(std::int64_t slot) const { return lse(slot) + ld(); }
+  T* dkt(std::int64_t slot) const { return delta(slot) + ld(); }
+  T* dvt(std::int64_t slot) const { return dkt(slot) + e_pad * ld(); }
 };
 
 template <typename T, typename IO>
-void BackwardPackTask(void* ctx, std::int64_t task, int /*thread*/) {
+void BackwardPackTask(void* ctx, std::int64_t task, int thread) {
   const WindowBackwardPlan<T>& plan = *static_cast<const WindowBackwardPlan<T>*>(ctx);
   const AttentionBackwardParams& bp = *plan.bp;
   const AttentionParams& p = bp.fwd;
@@ -114,33 +129,40 @@ void BackwardPackTask(void* ctx, std::int64_t task, int /*thread*/) {
   PackWindowRows(g, head(p.v, p.v_stride), p.v_stride, n0, count, Ev, plan.ev_pad, plan.vt(slot));
   PackWindowRows(g, head(bp.dout, bp.dout_stride), bp.dout_stride, n0, count, Ev, plan.ev_pad,
                  plan.dot(slot));
-  // D = rowsum(dO * O), vectorised over positions from O packed into dV^T's rows for the
-  // moment (dV^T is zeroed below).
-  PackWindowRows(g, head(p.out, p.out_stride), p.out_stride, n0, count, Ev, plan.ev_pad,
-                 plan.dvt(slot));
+  // D = rowsum(dO * O), vectorised over positions from the chunk of O packed into this
+  // thread's scratch as O^T (Ev, kPackChunk).
+  T* ot = plan.scratch + static_cast<size_t>(thread) * plan.scratch_elems;
+  const size_t n = static_cast<size_t>(count);
+  if (Ev > 0) {
+    PackTransposed(head(p.out, p.out_stride) + n0 * p.out_stride[2], Rows{nullptr, 0, n},
+                   p.out_stride[2], p.out_stride[3], Ev, ot, static_cast<size_t>(kPackChunk), n);
+  }
   const hn::ScalableTag<T> d;
   const size_t L = hn::Lanes(d);
-  const size_t c0 = static_cast<size_t>(g.margin + n0), c1 = c0 + static_cast<size_t>(count);
-  const size_t c_end = c0 + (c1 - c0) / L * L;
-  T* delta = plan.delta(slot);
-  const T* dot = plan.dot(slot);
-  const T* ot = plan.dvt(slot);
-  for (size_t c = c0; c < c_end; c += L) {
+  const size_t c0 = static_cast<size_t>(g.margin + n0), n_end = n / L * L;
+  T* delta = plan.delta(slot) + c0;
+  const T* dot = plan.dot(slot) + c0;
+  for (size_t c = 0; c < n_end; c += L) {
     auto acc = hn::Zero(d);
     for (size_t ev = 0; ev < Ev; ++ev) {
-      acc = hn::MulAdd(hn::LoadU(d, dot + ev * ld + c), hn::LoadU(d, ot + ev * ld + c), acc);
+      acc = hn::MulAdd(hn::LoadU(d, dot + ev * ld + c),
+                       hn::LoadU(d, ot + ev * static_cast<size_t>(kPackChunk) + c), acc);
     }
     hn::StoreU(acc, d, delta + c);
   }
-  for (size_t c = c_end; c < c1; ++c) {
+  for (size_t c = n_end; c < n; ++c) {
     T D = 0;
-    for (size_t ev = 0; ev < Ev; ++ev) D += dot[ev * ld + c] * ot[ev * ld + c];
+    for (size_t ev = 0; ev < Ev; ++ev) {
+      D += dot[ev * ld + c] * ot[ev * static_cast<size_t>(kPackChunk) + c];
+    }
     delta[c] = D;
   }
-  FillWindowRows(g, n0, count, plan.e_pad, T(0), plan.dkt(slot));
-  FillWindowRows(g, n0, count, plan.ev_pad, T(0), plan.dvt(slot));
+  if (!plan.blocked) {
+    FillWindowRows(g, n0, count, plan.e_pad, T(0), plan.dkt(slot));
+    FillWindowRows(g, n0, count, plan.ev_pad, T(0), plan.dvt(slot));
+  }
   FillWindowRows(g, n0, count, 1, std::numeric_limits<T>::infinity(), plan.lse(slot));
-  FillMargins(g, n0, count, 1, T(0), delta);
+  FillMargins(g, n0, count, 1, T(0), plan.delta(slot));
   const T* lse = static_cast<const T*>(p.lse) + b * p.lse_stride[0] + h * p.lse_stride[1];
   T* lse_row = plan.lse(slot) + g.margin;
   for (std::int64_t n = n0; n < n0 + count; ++n) {
@@ -215,6 +237,171 @@ void BandTask(void* ctx, std::int64_t task, int thread) {
   }
 }
 
+// Blocks of kBlockRows vectors, block_stride apart, as the forward's QueryBlockTask walks them:
+// a task is up to kBlocksPerTask blocks down one strip of one head.
+constexpr std::int64_t kBlocksPerTask = 8;
+
+template <typename T>
+struct BlockWalk {
+  std::int64_t slot, b, h;    // head slot in the packed group, batch, head
+  std::int64_t V, c, a_begin;  // vectors per stride, strip, first block
+  BlockWalk(const WindowBackwardPlan<T>& plan, const WindowGeometry<T>& g, std::int64_t task,
+            std::int64_t L) {
+    slot = task / plan.tasks_per_head;
+    const std::int64_t bh = plan.group_first + slot;
+    b = bh / plan.bp->fwd.heads, h = bh % plan.bp->fwd.heads;
+    V = g.block_stride / L;
+    const std::int64_t local = task % plan.tasks_per_head;
+    c = local % V, a_begin = local / V * kBlocksPerTask;
+  }
+  // First vector of block a, or -1 past the head.
+  std::int64_t first(const WindowGeometry<T>& g, std::int64_t a) const {
+    const std::int64_t v0 = a * static_cast<std::int64_t>(kBlockRows) * V + c;
+    return a < a_begin + kBlocksPerTask && v0 < g.vectors ? v0 : -1;
+  }
+};
+
+// Pass 1, per block of query vectors: dQ.
+template <typename T, typename IO>
+void BlockQueryTask(void* ctx, std::int64_t task, int thread) {
+  const WindowBackwardPlan<T>& plan = *static_cast<const WindowBackwardPlan<T>*>(ctx);
+  const AttentionBackwardParams& bp = *plan.bp;
+  const AttentionParams& p = bp.fwd;
+  const WindowGeometry<T>& g = *plan.g;
+  const hn::ScalableTag<T> d;
+  const size_t L = hn::Lanes(d);
+  const std::int64_t Ls = static_cast<std::int64_t>(L);
+  constexpr size_t R = kBlockRows;
+  const size_t count = static_cast<size_t>(g.count), ld = plan.ld();
+  const BlockWalk<T> walk(plan, g, task, Ls);
+  ScratchCarver<T> carve(plan.scratch + static_cast<size_t>(thread) * plan.scratch_elems);
+  T* S = carve.take(R * count * L);          // (R, count, L) scores, then P
+  T* G = carve.take(R * count * L);          // (R, count, L) dP, then dS
+  T* acc = carve.take(R * plan.e_pad * L);   // (R, e_pad, L) dQ^T
+  T* lanes_i = carve.take(L);                // (L,) a vector's pixel rows
+  T* lanes_j = carve.take(L);                // (L,) and columns
+  T* scale = carve.take(L);                  // (L,) the softmax scale: dQ = scale dS K
+  hn::Store(hn::Set(d, static_cast<T>(p.scale)), d, scale);
+  IO* dq = static_cast<IO*>(bp.dq) + offset4(bp.dq_stride, walk.b, walk.h, 0, 0);
+  const T *qt = plan.qt(walk.slot), *kt = plan.kt(walk.slot), *vt = plan.vt(walk.slot);
+  const T *dot = plan.dot(walk.slot), *lse = plan.lse(walk.slot);
+  const T* delta = plan.delta(walk.slot);
+  for (std::int64_t a = walk.a_begin, v0; (v0 = walk.first(g, a)) >= 0; ++a) {
+    const size_t col = static_cast<size_t>(g.margin + v0 * Ls);
+    // Vectors past the last query read the zero margins; their rows are not stored.
+    BlockDots(d, g, qt + col, kt + col, plan.e_pad, S);
+    BlockDots(d, g, dot + col, vt + col, plan.ev_pad, G);
+    for (size_t k = 0; k < R; ++k) {
+      const std::int64_t q0 = (v0 + static_cast<std::int64_t>(k) * walk.V) * Ls;
+      if (q0 >= p.len_q) break;
+      T* Sk = S + k * count * L;
+      T* Gk = G + k * count * L;
+      if (!g.interior(q0)) {
+        LanePositions(d, g, q0, lanes_i, lanes_j);
+        MaskOutside(d, g, g.col_dr.data(), g.col_dc.data(), count, lanes_i, lanes_j, Sk);
+      }
+      // Masked scores are -inf and the lse is +inf for lanes that saw no key: exp gives 0
+      // either way, never exp(-inf + inf).
+      const size_t ck = col + static_cast<size_t>(k) * static_cast<size_t>(g.block_stride);
+      const auto lse_k = hn::Load(d, lse + ck), D_k = hn::Load(d, delta + ck);
+      for (size_t o = 0; o < count; ++o) {
+        const auto pr = ExpOf(d, hn::Sub(hn::Load(d, Sk + o * L), lse_k));
+        hn::Store(hn::Mul(pr, hn::Sub(hn::Load(d, Gk + o * L), D_k)), d, Gk + o * L);
+      }
+    }
+    for (size_t e0 = 0; e0 < plan.e_pad; e0 += 4) {
+      BlockCombine(d, g, G, kt + e0 * ld + col, acc + e0 * L, plan.e_pad * L);
+    }
+    for (size_t k = 0; k < R; ++k) {
+      const std::int64_t q0 = (v0 + static_cast<std::int64_t>(k) * walk.V) * Ls;
+      if (q0 >= p.len_q) break;
+      StoreLanes(acc + k * plan.e_pad * L, L, static_cast<size_t>(p.dim_qk),
+                 std::min<size_t>(L, static_cast<size_t>(p.len_q - q0)), scale, dq, q0,
+                 bp.dq_stride[2], bp.dq_stride[3]);
+    }
+  }
+}
+
+// Pass 2, per block of key vectors under the turned-around window gt (its offset o reaches the
+// query at raster distance off = -(the window's offset)): dK and dV.
+template <typename T, typename IO>
+void BlockKeyTask(void* ctx, std::int64_t task, int thread) {
+  const WindowBackwardPlan<T>& plan = *static_cast<const WindowBackwardPlan<T>*>(ctx);
+  const AttentionBackwardParams& bp = *plan.bp;
+  const AttentionParams& p = bp.fwd;
+  const WindowGeometry<T>& gt = *plan.gt;
+  const hn::ScalableTag<T> d;
+  const size_t L = hn::Lanes(d);
+  const std::int64_t Ls = static_cast<std::int64_t>(L);
+  constexpr size_t R = kBlockRows;
+  const size_t count = static_cast<size_t>(gt.count), ld = plan.ld();
+  const size_t rows = std::max(plan.e_pad, plan.ev_pad);
+  const BlockWalk<T> walk(plan, gt, task, Ls);
+  ScratchCarver<T> carve(plan.scratch + static_cast<size_t>(thread) * plan.scratch_elems);
+  T* S = carve.take(R * count * L);     // (R, count, L) scores S^T, then P^T
+  T* G = carve.take(R * count * L);     // (R, count, L) dP^T, then dS^T
+  T* acc = carve.take(R * rows * L);    // (R, rows, L) dV^T, then dK^T
+  T* lanes_i = carve.take(L);           // (L,) a vector's pixel rows
+  T* lanes_j = carve.take(L);           // (L,) and columns
+  T* ones = carve.take(L);              // (L,)
+  hn::Store(hn::Set(d, T(1)), d, ones);
+  IO* dk = static_cast<IO*>(bp.dk) + offset4(bp.dk_stride, walk.b, walk.h, 0, 0);
+  IO* dv = static_cast<IO*>(bp.dv) + offset4(bp.dv_stride, walk.b, walk.h, 0, 0);
+  const T *qt = plan.qt(walk.slot), *kt = plan.kt(walk.slot), *vt = plan.vt(walk.slot);
+  const T *dot = plan.dot(walk.slot), *lse = plan.lse(walk.slot);
+  const T* delta = plan.delta(walk.slot);
+  const std::int64_t rs = gt.block_stride;
+  for (std::int64_t a = walk.a_begin, v0; (v0 = walk.first(gt, a)) >= 0; ++a) {
+    const size_t col = static_cast<size_t>(gt.margin + v0 * Ls);
+    BlockDots(d, gt, kt + col, qt + col, plan.e_pad, S);
+    BlockDots(d, gt, vt + col, dot + col, plan.ev_pad, G);
+    for (size_t k = 0; k < R; ++k) {
+      const std::int64_t k0 = (v0 + static_cast<std::int64_t>(k) * walk.V) * Ls;
+      if (k0 >= p.len_k) break;
+      T* Sk = S + k * count * L;
+      T* Gk = G + k * count * L;
+      if (!gt.interior(k0)) {
+        LanePositions(d, gt, k0, lanes_i, lanes_j);
+        MaskOutside(d, gt, gt.col_dr.data(), gt.col_dc.data(), count, lanes_i, lanes_j, Sk);
+      }
+      // Each offset's queries have their own lse and D: shifted loads, as their Q^T rows.
+      const T* lse_k = lse + col + static_cast<size_t>(static_cast<std::int64_t>(k) * rs);
+      const T* delta_k = delta + col + static_cast<size_t>(static_cast<std::int64_t>(k) * rs);
+      for (const auto& column : gt.columns) {
+        for (std::int64_t m = 0; m < column.n; ++m) {
+          const std::int64_t off = column.base + m * rs;
+          const size_t o = static_cast<size_t>(column.first + m);
+          const auto pr = ExpOf(d, hn::Sub(hn::Load(d, Sk + o * L), hn::LoadU(d, lse_k + off)));
+          hn::Store(pr, d, Sk + o * L);
+          const auto D = hn::LoadU(d, delta_k + off);
+          hn::Store(hn::Mul(pr, hn::Sub(hn::Load(d, Gk + o * L), D)), d, Gk + o * L);
+        }
+      }
+    }
+    const struct {
+      const T* P;
+      const T* b;
+      size_t rows_pad;
+      std::int64_t width;
+      IO* dst;
+      const std::int64_t* stride;
+    } parts[] = {{S, dot, plan.ev_pad, p.dim_v, dv, bp.dv_stride},
+                 {G, qt, plan.e_pad, p.dim_qk, dk, bp.dk_stride}};
+    for (const auto& part : parts) {
+      for (size_t r0 = 0; r0 < part.rows_pad; r0 += 4) {
+        BlockCombine(d, gt, part.P, part.b + r0 * ld + col, acc + r0 * L, rows * L);
+      }
+      for (size_t k = 0; k < R; ++k) {
+        const std::int64_t k0 = (v0 + static_cast<std::int64_t>(k) * walk.V) * Ls;
+        if (k0 >= p.len_k) break;
+        StoreLanes(acc + k * rows * L, L, static_cast<size_t>(part.width),
+                   std::min<size_t>(L, static_cast<size_t>(p.len_k - k0)), ones, part.dst, k0,
+                   part.stride[2], part.stride[3]);
+      }
+    }
+  }
+}
+
 // Writes positions [n0, n0 + kPackChunk) of one head's dK and dV.
 template <typename T, typename IO>
 void UnpackTask(void* ctx, std::int64_t task, int /*thread*/) {
@@ -260,10 +447,21 @@ Status WindowBackward(const AttentionBackwardParams& bp, const Host& host) {
   const AttentionParams& p = bp.fwd;
   if (p.batch == 0 || p.heads == 0 || p.len_q == 0) return Status::Ok();
   const std::int64_t L = static_cast<std::int64_t>(VectorLanes<T>());
-  const WindowGeometry<T> g(*p.window, L);
+  const WindowOffsets& w = *p.window;
+  const WindowGeometry<T> g(w, L, kBlockRows, kBlockOffsets);
+  // The turned-around window: key (i, j) is seen by query (i - dr, j - dc).
+  std::vector<std::int32_t> neg_dr(w.dr, w.dr + w.count), neg_dc(w.dc, w.dc + w.count);
+  for (auto& x : neg_dr) x = -x;
+  for (auto& x : neg_dc) x = -x;
+  const WindowGeometry<T> gt(WindowOffsets{w.height, w.width, w.count, neg_dr.data(),
+                                           neg_dc.data()},
+                             L, kBlockRows, kBlockOffsets);
   WindowBackwardPlan<T> plan;
   plan.bp = &bp;
   plan.g = &g;
+  plan.gt = &gt;
+  // Both geometries pack alike (the same reach and stride), so one packing serves both passes.
+  plan.blocked = g.block_rows > 1 && gt.block_rows > 1 && gt.ld == g.ld && gt.margin == g.margin;
   plan.e_pad = static_cast<size_t>(round_up(std::max<std::int64_t>(p.dim_qk, 1), 4));
   plan.ev_pad = static_cast<size_t>(round_up(std::max<std::int64_t>(p.dim_v, 1), 4));
   std::vector<std::uint16_t> scatter_order(static_cast<size_t>(g.count));
@@ -278,7 +476,13 @@ Status WindowBackward(const AttentionBackwardParams& bp, const Host& host) {
   }
   plan.scatter_order = scatter_order.data();
   plan.pack_tasks_per_head = (p.len_q + kPackChunk - 1) / kPackChunk;
-  plan.head_elems = (3 * plan.e_pad + 3 * plan.ev_pad + 2) * plan.ld();
+  plan.head_elems = (2 * plan.e_pad + 2 * plan.ev_pad + 2) * plan.ld();
+  if (!plan.blocked) plan.head_elems += (plan.e_pad + plan.ev_pad) * plan.ld();
+  if (plan.blocked) {
+    const std::int64_t V = g.block_stride / L;
+    const std::int64_t blocks = (g.vectors + kBlockRows * V - 1) / (kBlockRows * V);
+    plan.tasks_per_head = V * ((blocks + kBlocksPerTask - 1) / kBlocksPerTask);
+  }
   const std::int64_t pairs = p.batch * p.heads;
   const std::int64_t threads = std::max(host.num_threads, 1);
   const std::int64_t group = HeadsPerGroup(plan.head_elems * sizeof(T), pairs);
@@ -292,9 +496,17 @@ Status WindowBackward(const AttentionBackwardParams& bp, const Host& host) {
                                     ((plan.phases - 1) * L));
   plan.bands = (g.vectors + plan.band_vectors - 1) / plan.band_vectors;
   const size_t lanes = static_cast<size_t>(L);
-  plan.scratch_elems = 2 * ScratchCarver<T>::padded(kOffsetChunk * lanes) +
-                       ScratchCarver<T>::padded(plan.e_pad * lanes) +
-                       2 * ScratchCarver<T>::padded(lanes);
+  const size_t count = static_cast<size_t>(g.count);
+  plan.scratch_elems =
+      plan.blocked
+          ? 2 * ScratchCarver<T>::padded(kBlockRows * count * lanes) +
+                ScratchCarver<T>::padded(kBlockRows * std::max(plan.e_pad, plan.ev_pad) * lanes) +
+                3 * ScratchCarver<T>::padded(lanes)
+          : 2 * ScratchCarver<T>::padded(kOffsetChunk * lanes) +
+                ScratchCarver<T>::padded(plan.e_pad * lanes) + 2 * ScratchCarver<T>::padded(lanes);
+  // The packing tasks' O^T chunk.
+  plan.scratch_elems = std::max(plan.scratch_elems,
+                                plan.ev_pad * static_cast<size_t>(kPackChunk));
   const size_t elems = plan.head_elems * static_cast<size_t>(group) +
                        plan.scratch_elems * static_cast<size_t>(threads);
   Workspace ws(host);
@@ -307,6 +519,11 @@ Status WindowBackward(const AttentionBackwardParams& bp, const Host& host) {
   for (plan.group_first = 0; plan.group_first < pairs; plan.group_first += group) {
     plan.group_size = std::min(group, pairs - plan.group_first);
     run_tasks(host, plan.group_size * plan.pack_tasks_per_head, &plan, BackwardPackTask<T, IO>);
+    if (plan.blocked) {
+      run_tasks(host, plan.group_size * plan.tasks_per_head, &plan, BlockQueryTask<T, IO>);
+      run_tasks(host, plan.group_size * plan.tasks_per_head, &plan, BlockKeyTask<T, IO>);
+      continue;
+    }
     for (plan.phase = 0; plan.phase < std::min(plan.phases, plan.bands); ++plan.phase) {
       const std::int64_t per_head = plan.bands_in(plan.phase);
       run_tasks(host, plan.group_size * per_head, &plan, BandTask<T, IO>);

@@ -111,20 +111,6 @@ void StoreLse(const AttentionParams& p, std::int64_t b, std::int64_t h, std::int
   }
 }
 
-// out[q0 + lane, ev] = acc[(ev - ev0) * L + lane] * inv_l[lane] for ev0 <= ev < ev_end; out at
-// (b, h, 0, 0).
-template <typename T, typename IO>
-void StoreOutput(const AttentionParams& p, IO* out, std::int64_t q0, size_t lanes, size_t L,
-                 const T* acc, size_t ev0, size_t ev_end, const T* inv_l) {
-  for (size_t lane = 0; lane < lanes; ++lane) {
-    IO* o = out + (q0 + static_cast<std::int64_t>(lane)) * p.out_stride[2];
-    for (size_t ev = ev0; ev < ev_end; ++ev) {
-      o[static_cast<std::int64_t>(ev) * p.out_stride[3]] =
-          Store<IO>(acc[(ev - ev0) * L + lane] * inv_l[lane]);
-    }
-  }
-}
-
 // One task: up to kRowsPerTask query vectors of one head of the packed group.
 template <typename T, typename IO>
 void QueryTask(void* ctx, std::int64_t task, int thread) {
@@ -185,7 +171,9 @@ void QueryTask(void* ctx, std::int64_t task, int thread) {
           StoreLse(p, b, h, q0, lanes, row_max, row_sum);
         }
       }
-      StoreOutput(p, out, q0, lanes, L, acc, ev0, std::min(Ev, ev0 + 4 * quads), inv_l);
+      StoreLanes(acc, L, std::min(Ev, ev0 + 4 * quads) - ev0, lanes, inv_l,
+                 out + static_cast<std::int64_t>(ev0) * p.out_stride[3], q0, p.out_stride[2],
+                 p.out_stride[3]);
     }
   }
 }
@@ -254,8 +242,9 @@ void QueryBlockTask(void* ctx, std::int64_t task, int thread) {
     for (size_t k = 0; k < R; ++k) {
       const std::int64_t q0 = (v0 + static_cast<std::int64_t>(k) * V) * Ls;
       if (q0 >= p.len_q) break;
-      StoreOutput(p, out, q0, std::min<size_t>(L, static_cast<size_t>(p.len_q - q0)), L,
-                  acc + k * plan.ev_pad * L, 0, Ev, inv_l + k * L);
+      StoreLanes(acc + k * plan.ev_pad * L, L, Ev,
+                 std::min<size_t>(L, static_cast<size_t>(p.len_q - q0)), inv_l + k * L, out, q0,
+                 p.out_stride[2], p.out_stride[3]);
     }
   }
 }

@@ -426,6 +426,20 @@ HWY_INLINE hn::Vec<D> MaskOutside(D d, const WindowGeometry<T>& g, const T* dr_o
   return vmax;
 }
 
+// dst[(q0 + lane) * s_n + r * s_e] = src[r * L + lane] * scale[lane] for rows r < rows and
+// lanes < lanes: rows of L positions, as the kernels keep them, back into a (positions, width)
+// tensor; scale (L,).
+template <typename T, typename IO>
+HWY_INLINE void StoreLanes(const T* src, size_t L, size_t rows, size_t lanes, const T* scale,
+                           IO* dst, std::int64_t q0, std::int64_t s_n, std::int64_t s_e) {
+  for (size_t lane = 0; lane < lanes; ++lane) {
+    IO* o = dst + (q0 + static_cast<std::int64_t>(lane)) * s_n;
+    for (size_t r = 0; r < rows; ++r) {
+      o[static_cast<std::int64_t>(r) * s_e] = Store<IO>(src[r * L + lane] * scale[lane]);
+    }
+  }
+}
+
 // Packed heads share one buffer of at most this many bytes, or one head where a head is larger
 // (forward: 3.3 MB a head at 128x128 with E = Ev = 16, 13.3 MB at 256x256; backward, with 3 E
 // + 3 Ev + 2 rows: 7.2 and 28.5 MB): transient workspace of O(N (E + Ev)). The backward's
