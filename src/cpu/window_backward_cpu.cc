@@ -315,7 +315,7 @@ void BlockQueryTask(void* ctx, std::int64_t task, int thread) {
     for (size_t k = 0; k < R; ++k) {
       const std::int64_t q0 = (v0 + static_cast<std::int64_t>(k) * walk.V) * Ls;
       if (q0 >= p.len_q) break;
-      StoreLanes(acc + k * plan.e_pad * L, L, static_cast<size_t>(p.dim_qk),
+      StoreLanes(d, acc + k * plan.e_pad * L, static_cast<size_t>(p.dim_qk),
                  std::min<size_t>(L, static_cast<size_t>(p.len_q - q0)), scale, dq, q0,
                  bp.dq_stride[2], bp.dq_stride[3]);
     }
@@ -394,7 +394,7 @@ void BlockKeyTask(void* ctx, std::int64_t task, int thread) {
       for (size_t k = 0; k < R; ++k) {
         const std::int64_t k0 = (v0 + static_cast<std::int64_t>(k) * walk.V) * Ls;
         if (k0 >= p.len_k) break;
-        StoreLanes(acc + k * rows * L, L, static_cast<size_t>(part.width),
+        StoreLanes(d, acc + k * rows * L, static_cast<size_t>(part.width),
                    std::min<size_t>(L, static_cast<size_t>(p.len_k - k0)), ones, part.dst, k0,
                    part.stride[2], part.stride[3]);
       }

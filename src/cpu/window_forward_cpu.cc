@@ -171,7 +171,7 @@ void QueryTask(void* ctx, std::int64_t task, int thread) {
           StoreLse(p, b, h, q0, lanes, row_max, row_sum);
         }
       }
-      StoreLanes(acc, L, std::min(Ev, ev0 + 4 * quads) - ev0, lanes, inv_l,
+      StoreLanes(d, acc, std::min(Ev, ev0 + 4 * quads) - ev0, lanes, inv_l,
                  out + static_cast<std::int64_t>(ev0) * p.out_stride[3], q0, p.out_stride[2],
                  p.out_stride[3]);
     }
@@ -242,7 +242,7 @@ void QueryBlockTask(void* ctx, std::int64_t task, int thread) {
     for (size_t k = 0; k < R; ++k) {
       const std::int64_t q0 = (v0 + static_cast<std::int64_t>(k) * V) * Ls;
       if (q0 >= p.len_q) break;
-      StoreLanes(acc + k * plan.ev_pad * L, L, Ev,
+      StoreLanes(d, acc + k * plan.ev_pad * L, Ev,
                  std::min<size_t>(L, static_cast<size_t>(p.len_q - q0)), inv_l + k * L, out, q0,
                  p.out_stride[2], p.out_stride[3]);
     }

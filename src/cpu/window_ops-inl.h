@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "cpu/tile_ops-inl.h"
 #include "cpu/window_geometry.h"
@@ -428,14 +429,25 @@ HWY_INLINE hn::Vec<D> MaskOutside(D d, const WindowGeometry<T>& g, const T* dr_o
 
 // dst[(q0 + lane) * s_n + r * s_e] = src[r * L + lane] * scale[lane] for rows r < rows and
 // lanes < lanes: rows of L positions, as the kernels keep them, back into a (positions, width)
-// tensor; scale (L,).
-template <typename T, typename IO>
-HWY_INLINE void StoreLanes(const T* src, size_t L, size_t rows, size_t lanes, const T* scale,
-                           IO* dst, std::int64_t q0, std::int64_t s_n, std::int64_t s_e) {
+// tensor; src is scaled in place; scale (L,). A contiguous float output takes the packing's
+// 8 x 8 transpose (the element-wise stores were 5.6% of a 15x15 window's backward).
+template <class D, typename T, typename IO>
+HWY_INLINE void StoreLanes(D d, T* src, size_t rows, size_t lanes, const T* scale, IO* dst,
+                           std::int64_t q0, std::int64_t s_n, std::int64_t s_e) {
+  const size_t L = hn::Lanes(d);
+  const auto sv = hn::Load(d, scale);
+  for (size_t r = 0; r < rows; ++r) hn::Store(hn::Mul(hn::Load(d, src + r * L), sv), d, src + r * L);
+  if constexpr (std::is_same<IO, T>::value) {
+    if (s_e == 1) {
+      PackTransposed<T, T>(src, Rows{nullptr, 0, rows}, static_cast<std::int64_t>(L), 1, lanes,
+                           dst + q0 * s_n, static_cast<size_t>(s_n), rows);
+      return;
+    }
+  }
   for (size_t lane = 0; lane < lanes; ++lane) {
     IO* o = dst + (q0 + static_cast<std::int64_t>(lane)) * s_n;
     for (size_t r = 0; r < rows; ++r) {
-      o[static_cast<std::int64_t>(r) * s_e] = Store<IO>(src[r * L + lane] * scale[lane]);
+      o[static_cast<std::int64_t>(r) * s_e] = Store<IO>(src[r * L + lane]);
     }
   }
 }
