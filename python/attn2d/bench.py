@@ -63,21 +63,35 @@ def time_training_step(fn: Callable[..., torch.Tensor], inputs: list[torch.Tenso
                        reps: int) -> dict:
     """Medians over `reps` training steps (after one warm-up) of the forward (with autograd
     recording, as in training), the backward, and the two together, all from the same runs."""
+    return time_training_steps([fn], inputs, reps)[0]
+
+
+def time_training_steps(fns: list[Callable[..., torch.Tensor]], inputs: list[torch.Tensor],
+                        reps: int) -> list[dict]:
+    """time_training_step of each of fns, their runs interleaved (rep 1 of every fn, then rep 2,
+    ...): the development VM's speed drifts by up to 30% over seconds to minutes, and a ratio
+    of two implementations timed minutes apart carries that drift, where interleaved runs
+    share it."""
     leaves = [t.detach().requires_grad_() for t in inputs]
-    out = fn(*leaves)
-    grad = torch.randn(out.shape, dtype=out.dtype)
-    out.backward(grad)  # warm-up (and the refusal, if any)
-    fwd, bwd = [], []
-    for _ in range(reps):
-        t0 = time.perf_counter()
+    grads = []
+    for fn in fns:
         out = fn(*leaves)
-        t1 = time.perf_counter()
-        out.backward(grad)
-        t2 = time.perf_counter()
-        fwd.append(t1 - t0)
-        bwd.append(t2 - t1)
-    return {"forward_s": statistics.median(fwd), "backward_s": statistics.median(bwd),
-            "fwd_bwd_s": statistics.median([a + b for a, b in zip(fwd, bwd)])}
+        grads.append(torch.randn(out.shape, dtype=out.dtype))
+        out.backward(grads[-1])  # warm-up (and the refusal, if any)
+    fwd: list[list[float]] = [[] for _ in fns]
+    bwd: list[list[float]] = [[] for _ in fns]
+    for _ in range(reps):
+        for i, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            out = fn(*leaves)
+            t1 = time.perf_counter()
+            out.backward(grads[i])
+            t2 = time.perf_counter()
+            fwd[i].append(t1 - t0)
+            bwd[i].append(t2 - t1)
+    return [{"forward_s": statistics.median(f), "backward_s": statistics.median(b),
+             "fwd_bwd_s": statistics.median([x + y for x, y in zip(f, b)])}
+            for f, b in zip(fwd, bwd)]
 
 
 def _add_rates(r: dict, case: Case) -> dict:

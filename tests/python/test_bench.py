@@ -55,6 +55,25 @@ def test_bad_arguments_are_clear_errors(capsys):
         bench.run("unused", cases=[], peers=["tensorflow"], log=lambda line: None)
 
 
+def test_interleaved_training_steps_alternate_and_time_each():
+    calls = []
+
+    def tagged(tag):
+        def fn(x):
+            calls.append(tag)
+            return x * 2.0
+        return fn
+
+    x = torch.randn(3, 4)
+    results = bench.time_training_steps([tagged("a"), tagged("b")], [x], reps=3)
+    # One warm-up each, then rep 1 of a and b, rep 2 of a and b, ...
+    assert calls == ["a", "b"] + ["a", "b"] * 3
+    assert len(results) == 2
+    for r in results:
+        assert r["forward_s"] > 0 and r["backward_s"] > 0
+        assert r["fwd_bwd_s"] >= max(r["forward_s"], r["backward_s"]) * 0.5
+
+
 def test_pattern_bench_side_by_side(tmp_path):
     from attn2d import bench_patterns
     from attn2d.patterns import Window
