@@ -30,9 +30,9 @@ struct WindowGeometry {
   std::int64_t ld = 0;       // packed row length: margin + vectors * lanes + margin
   std::int64_t per_row = 0;  // vectors per pixel row, ceil(width / lanes)
 
-  // The offsets again, grouped by column dc for the blocked forward: where each column's row
-  // offsets are evenly spaced by one `row_step` (a square, diamond or disk, dilated or not),
-  // query vectors `block_stride` = row_step * width apart share key loads: query k of a block
+  // The offsets again, grouped by column dc for the blocked kernels: where each column's row
+  // offsets are evenly spaced by one step s (a square, diamond or disk, dilated or not), query
+  // vectors `block_stride` = s * width apart share key loads: query k of a block
   // at its column's m-th offset reads the key row u = k + m, so R queries x D offsets of a
   // column read R + D - 1 key rows instead of R D.
   struct Column {
@@ -49,8 +49,8 @@ struct WindowGeometry {
   std::int64_t block_rows = 1;    // R, query vectors per block; 1 where blocks do not apply
   std::int64_t block_stride = 0;  // raster distance between a block's vectors, a multiple of L
 
-  // block_rows: the R wanted; blocks apply when the columns are evenly spaced with one step
-  // and row_step * width is a multiple of L (the vectors of a block then are whole vectors of
+  // block_rows: the R wanted; blocks apply when the columns are evenly spaced with one step s
+  // and s * width is a multiple of L (the vectors of a block then are whole vectors of
   // the raster tiling).
   WindowGeometry(const WindowOffsets& w, std::int64_t L, std::int64_t block_rows_wanted = 1,
                  std::int64_t block_offsets = 1)

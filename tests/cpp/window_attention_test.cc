@@ -144,6 +144,14 @@ TEST_P(WindowAttention, WholeVectorRowsMatchTheDenseMaskOracle) {
                                      Layout::kSequenceMajor, 14);
   expect_window_matches_dense<float>(1, 1, 37, 48, 8, 8, 33, Shape::kSquare, 1,
                                      Layout::kContiguous, 15);
+  // Maps with fewer pixel rows than a block has vectors (1 x 48: three of the four vectors of
+  // every block lie past the map), and a dilated diamond whose columns step by 3 rows.
+  expect_window_matches_dense<float>(1, 2, 1, 48, 16, 16, 5, Shape::kSquare, 1,
+                                     Layout::kContiguous, 16);
+  expect_window_matches_dense<double>(2, 1, 3, 32, 7, 9, 7, Shape::kDiamond, 1,
+                                      Layout::kChannelsFirst, 17);
+  expect_window_matches_dense<float>(1, 1, 20, 16, 8, 8, 5, Shape::kDiamond, 3,
+                                     Layout::kSequenceMajor, 18);
 }
 
 TEST_P(WindowAttention, RowsThatSeeNoKeyGiveZeroOutputAndGradients) {
