@@ -27,7 +27,8 @@
 // up to 4 multiply-adds (BlockDots, BlockCombine), where the scatter's 2(E + Ev) were
 // read-modify-writes of memory (0.86-1.15 ns each against 0.33 ns for a multiply-add from
 // memory, development VM). Each output element is written once, by one task: no bands, and
-// the same sums whatever the thread count.
+// the same sums whatever the thread count. 128x128, 4 heads, E = Ev = 16, 15x15, 1 thread,
+// best of 15, two alternating runs: 37-39 ms against 54 ms for the bands.
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "src/cpu/window_backward_cpu.cc"
