@@ -238,30 +238,6 @@ void BandTask(void* ctx, std::int64_t task, int thread) {
   }
 }
 
-// Blocks of kBlockRows vectors, block_stride apart, as the forward's QueryBlockTask walks them:
-// a task is up to kBlocksPerTask blocks down one strip of one head.
-constexpr std::int64_t kBlocksPerTask = 8;
-
-template <typename T>
-struct BlockWalk {
-  std::int64_t slot, b, h;    // head slot in the packed group, batch, head
-  std::int64_t V, c, a_begin;  // vectors per stride, strip, first block
-  BlockWalk(const WindowBackwardPlan<T>& plan, const WindowGeometry<T>& g, std::int64_t task,
-            std::int64_t L) {
-    slot = task / plan.tasks_per_head;
-    const std::int64_t bh = plan.group_first + slot;
-    b = bh / plan.bp->fwd.heads, h = bh % plan.bp->fwd.heads;
-    V = g.block_stride / L;
-    const std::int64_t local = task % plan.tasks_per_head;
-    c = local % V, a_begin = local / V * kBlocksPerTask;
-  }
-  // First vector of block a, or -1 past the head.
-  std::int64_t first(const WindowGeometry<T>& g, std::int64_t a) const {
-    const std::int64_t v0 = a * static_cast<std::int64_t>(kBlockRows) * V + c;
-    return a < a_begin + kBlocksPerTask && v0 < g.vectors ? v0 : -1;
-  }
-};
-
 // Pass 1, per block of query vectors: dQ.
 template <typename T, typename IO>
 void BlockQueryTask(void* ctx, std::int64_t task, int thread) {
@@ -271,10 +247,9 @@ void BlockQueryTask(void* ctx, std::int64_t task, int thread) {
   const WindowGeometry<T>& g = *plan.g;
   const hn::ScalableTag<T> d;
   const size_t L = hn::Lanes(d);
-  const std::int64_t Ls = static_cast<std::int64_t>(L);
   constexpr size_t R = kBlockRows;
   const size_t count = static_cast<size_t>(g.count), ld = plan.ld();
-  const BlockWalk<T> walk(plan, g, task, Ls);
+  const BlockWalk walk(g, task, plan.tasks_per_head, plan.group_first, p.heads);
   ScratchCarver<T> carve(plan.scratch + static_cast<size_t>(thread) * plan.scratch_elems);
   T* S = carve.take(R * count * L);          // (R, count, L) scores, then P
   T* G = carve.take(R * count * L);          // (R, count, L) dP, then dS
@@ -287,20 +262,17 @@ void BlockQueryTask(void* ctx, std::int64_t task, int thread) {
   const T *qt = plan.qt(walk.slot), *kt = plan.kt(walk.slot), *vt = plan.vt(walk.slot);
   const T *dot = plan.dot(walk.slot), *lse = plan.lse(walk.slot);
   const T* delta = plan.delta(walk.slot);
-  for (std::int64_t a = walk.a_begin, v0; (v0 = walk.first(g, a)) >= 0; ++a) {
-    const size_t col = static_cast<size_t>(g.margin + v0 * Ls);
+  for (std::int64_t a = walk.a_begin, v0; (v0 = walk.first(a)) >= 0; ++a) {
+    const size_t col = static_cast<size_t>(g.margin + v0 * walk.L);
     // Vectors past the last query read the zero margins; their rows are not stored.
     BlockDots(d, g, qt + col, kt + col, plan.e_pad, S);
     BlockDots(d, g, dot + col, vt + col, plan.ev_pad, G);
     for (size_t k = 0; k < R; ++k) {
-      const std::int64_t q0 = (v0 + static_cast<std::int64_t>(k) * walk.V) * Ls;
+      const std::int64_t q0 = walk.position(v0, k);
       if (q0 >= p.len_q) break;
       T* Sk = S + k * count * L;
       T* Gk = G + k * count * L;
-      if (!g.interior(q0)) {
-        LanePositions(d, g, q0, lanes_i, lanes_j);
-        MaskOutside(d, g, g.col_dr.data(), g.col_dc.data(), count, lanes_i, lanes_j, Sk);
-      }
+      MaskBlockVector(d, g, q0, Sk, lanes_i, lanes_j, false);
       // Masked scores are -inf and the lse is +inf for lanes that saw no key: exp gives 0
       // either way, never exp(-inf + inf).
       const size_t ck = col + static_cast<size_t>(k) * static_cast<size_t>(g.block_stride);
@@ -314,7 +286,7 @@ void BlockQueryTask(void* ctx, std::int64_t task, int thread) {
       BlockCombine(d, g, G, kt + e0 * ld + col, acc + e0 * L, plan.e_pad * L);
     }
     for (size_t k = 0; k < R; ++k) {
-      const std::int64_t q0 = (v0 + static_cast<std::int64_t>(k) * walk.V) * Ls;
+      const std::int64_t q0 = walk.position(v0, k);
       if (q0 >= p.len_q) break;
       StoreLanes(d, acc + k * plan.e_pad * L, static_cast<size_t>(p.dim_qk),
                  std::min<size_t>(L, static_cast<size_t>(p.len_q - q0)), scale, dq, q0,
@@ -333,38 +305,32 @@ void BlockKeyTask(void* ctx, std::int64_t task, int thread) {
   const WindowGeometry<T>& gt = *plan.gt;
   const hn::ScalableTag<T> d;
   const size_t L = hn::Lanes(d);
-  const std::int64_t Ls = static_cast<std::int64_t>(L);
   constexpr size_t R = kBlockRows;
   const size_t count = static_cast<size_t>(gt.count), ld = plan.ld();
   const size_t rows = std::max(plan.e_pad, plan.ev_pad);
-  const BlockWalk<T> walk(plan, gt, task, Ls);
+  const BlockWalk walk(gt, task, plan.tasks_per_head, plan.group_first, p.heads);
   ScratchCarver<T> carve(plan.scratch + static_cast<size_t>(thread) * plan.scratch_elems);
   T* S = carve.take(R * count * L);     // (R, count, L) scores S^T, then P^T
   T* G = carve.take(R * count * L);     // (R, count, L) dP^T, then dS^T
   T* acc = carve.take(R * rows * L);    // (R, rows, L) dV^T, then dK^T
   T* lanes_i = carve.take(L);           // (L,) a vector's pixel rows
   T* lanes_j = carve.take(L);           // (L,) and columns
-  T* ones = carve.take(L);              // (L,)
-  hn::Store(hn::Set(d, T(1)), d, ones);
   IO* dk = static_cast<IO*>(bp.dk) + offset4(bp.dk_stride, walk.b, walk.h, 0, 0);
   IO* dv = static_cast<IO*>(bp.dv) + offset4(bp.dv_stride, walk.b, walk.h, 0, 0);
   const T *qt = plan.qt(walk.slot), *kt = plan.kt(walk.slot), *vt = plan.vt(walk.slot);
   const T *dot = plan.dot(walk.slot), *lse = plan.lse(walk.slot);
   const T* delta = plan.delta(walk.slot);
   const std::int64_t rs = gt.block_stride;
-  for (std::int64_t a = walk.a_begin, v0; (v0 = walk.first(gt, a)) >= 0; ++a) {
-    const size_t col = static_cast<size_t>(gt.margin + v0 * Ls);
+  for (std::int64_t a = walk.a_begin, v0; (v0 = walk.first(a)) >= 0; ++a) {
+    const size_t col = static_cast<size_t>(gt.margin + v0 * walk.L);
     BlockDots(d, gt, kt + col, qt + col, plan.e_pad, S);
     BlockDots(d, gt, vt + col, dot + col, plan.ev_pad, G);
     for (size_t k = 0; k < R; ++k) {
-      const std::int64_t k0 = (v0 + static_cast<std::int64_t>(k) * walk.V) * Ls;
+      const std::int64_t k0 = walk.position(v0, k);
       if (k0 >= p.len_k) break;
       T* Sk = S + k * count * L;
       T* Gk = G + k * count * L;
-      if (!gt.interior(k0)) {
-        LanePositions(d, gt, k0, lanes_i, lanes_j);
-        MaskOutside(d, gt, gt.col_dr.data(), gt.col_dc.data(), count, lanes_i, lanes_j, Sk);
-      }
+      MaskBlockVector(d, gt, k0, Sk, lanes_i, lanes_j, false);
       // Each offset's queries have their own lse and D: shifted loads, as their Q^T rows.
       const T* lse_k = lse + col + static_cast<size_t>(static_cast<std::int64_t>(k) * rs);
       const T* delta_k = delta + col + static_cast<size_t>(static_cast<std::int64_t>(k) * rs);
@@ -393,11 +359,12 @@ void BlockKeyTask(void* ctx, std::int64_t task, int thread) {
         BlockCombine(d, gt, part.P, part.b + r0 * ld + col, acc + r0 * L, rows * L);
       }
       for (size_t k = 0; k < R; ++k) {
-        const std::int64_t k0 = (v0 + static_cast<std::int64_t>(k) * walk.V) * Ls;
+        const std::int64_t k0 = walk.position(v0, k);
         if (k0 >= p.len_k) break;
         StoreLanes(d, acc + k * rows * L, static_cast<size_t>(part.width),
-                   std::min<size_t>(L, static_cast<size_t>(p.len_k - k0)), ones, part.dst, k0,
-                   part.stride[2], part.stride[3]);
+                   std::min<size_t>(L, static_cast<size_t>(p.len_k - k0)),
+                   static_cast<const T*>(nullptr), part.dst, k0, part.stride[2],
+                   part.stride[3]);
       }
     }
   }
@@ -479,11 +446,7 @@ Status WindowBackward(const AttentionBackwardParams& bp, const Host& host) {
   plan.pack_tasks_per_head = (p.len_q + kPackChunk - 1) / kPackChunk;
   plan.head_elems = (2 * plan.e_pad + 2 * plan.ev_pad + 2) * plan.ld();
   if (!plan.blocked) plan.head_elems += (plan.e_pad + plan.ev_pad) * plan.ld();
-  if (plan.blocked) {
-    const std::int64_t V = g.block_stride / L;
-    const std::int64_t blocks = (g.vectors + kBlockRows * V - 1) / (kBlockRows * V);
-    plan.tasks_per_head = V * ((blocks + kBlocksPerTask - 1) / kBlocksPerTask);
-  }
+  if (plan.blocked) plan.tasks_per_head = BlockTasksPerHead(g);
   const std::int64_t pairs = p.batch * p.heads;
   const std::int64_t threads = std::max(host.num_threads, 1);
   const std::int64_t group = HeadsPerGroup(plan.head_elems * sizeof(T), pairs);

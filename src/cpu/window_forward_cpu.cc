@@ -53,7 +53,6 @@ namespace cpu {
 namespace HWY_NAMESPACE {
 
 constexpr std::int64_t kRowsPerTask = 32;  // vectors per task, one below the other
-constexpr std::int64_t kBlocksPerTask = 8;  // blocks of kBlockRows vectors per task
 
 template <typename T>
 struct WindowPlan {
@@ -189,9 +188,7 @@ void QueryBlockTask(void* ctx, std::int64_t task, int thread) {
   const size_t L = hn::Lanes(d);
   constexpr size_t R = kBlockRows;
   constexpr T kNegInf = -std::numeric_limits<T>::infinity();
-  const std::int64_t slot = task / plan.tasks_per_head;
-  const std::int64_t bh = plan.group_first + slot;
-  const std::int64_t b = bh / p.heads, h = bh % p.heads;
+  const BlockWalk walk(g, task, plan.tasks_per_head, plan.group_first, p.heads);
   const size_t count = static_cast<size_t>(g.count), ld = plan.ld();
   const size_t Ev = static_cast<size_t>(p.dim_v);
   ScratchCarver<T> carve(plan.scratch + static_cast<size_t>(thread) * plan.scratch_elems);
@@ -202,29 +199,17 @@ void QueryBlockTask(void* ctx, std::int64_t task, int thread) {
   T* inv_l = carve.take(R * L);              // (R, L) 1 / softmax sum, 0 for an empty row
   T* row_max = carve.take(L);                // (L,) for the log-sum-exp
   T* row_sum = carve.take(L);
-  IO* out = static_cast<IO*>(p.out) + offset4(p.out_stride, b, h, 0, 0);
-  // Blocks of vectors v0 + k * V, k < R; a task walks down strip c (see QueryTask).
-  const std::int64_t Ls = static_cast<std::int64_t>(L);
-  const std::int64_t V = g.block_stride / Ls;
-  const std::int64_t local = task % plan.tasks_per_head;
-  const std::int64_t c = local % V, a_begin = local / V * kBlocksPerTask;
-  for (std::int64_t a = a_begin; a < a_begin + kBlocksPerTask; ++a) {
-    const std::int64_t v0 = a * static_cast<std::int64_t>(R) * V + c;
-    if (v0 >= g.vectors) break;
-    const size_t col = static_cast<size_t>(g.margin + v0 * Ls);
+  IO* out = static_cast<IO*>(p.out) + offset4(p.out_stride, walk.b, walk.h, 0, 0);
+  const T *qt = plan.qt(walk.slot), *kt = plan.kt(walk.slot), *vt = plan.vt(walk.slot);
+  for (std::int64_t a = walk.a_begin, v0; (v0 = walk.first(a)) >= 0; ++a) {
+    const size_t col = static_cast<size_t>(g.margin + v0 * walk.L);
     // Vectors past the last query read the zero margins; their rows are not stored.
-    BlockDots(d, g, plan.qt(slot) + col, plan.kt(slot) + col, plan.e_pad, S);
+    BlockDots(d, g, qt + col, kt + col, plan.e_pad, S);
     for (size_t k = 0; k < R; ++k) {
-      const std::int64_t q0 = (v0 + static_cast<std::int64_t>(k) * V) * Ls;
+      const std::int64_t q0 = walk.position(v0, k);
       if (q0 >= p.len_q) break;
       T* Sk = S + k * count * L;
-      hn::Vec<decltype(d)> vmax;
-      if (g.interior(q0)) {
-        vmax = RowMax(d, Sk, count);
-      } else {
-        LanePositions(d, g, q0, lanes_i, lanes_j);
-        vmax = MaskOutside(d, g, g.col_dr.data(), g.col_dc.data(), count, lanes_i, lanes_j, Sk);
-      }
+      const auto vmax = MaskBlockVector(d, g, q0, Sk, lanes_i, lanes_j, true);
       // A row that sees no key (max -inf) shifts by 0: its exps are exp(-inf) = 0, its sum 0.
       const auto empty = hn::Eq(vmax, hn::Set(d, kNegInf));
       const auto sum = ExpInPlace(d, Sk, count, hn::IfThenZeroElse(empty, vmax));
@@ -232,15 +217,15 @@ void QueryBlockTask(void* ctx, std::int64_t task, int thread) {
       if (p.lse != nullptr) {
         hn::Store(vmax, d, row_max);
         hn::Store(sum, d, row_sum);
-        StoreLse(p, b, h, q0, std::min<size_t>(L, static_cast<size_t>(p.len_q - q0)), row_max,
-                 row_sum);
+        StoreLse(p, walk.b, walk.h, q0, std::min<size_t>(L, static_cast<size_t>(p.len_q - q0)),
+                 row_max, row_sum);
       }
     }
     for (size_t ev0 = 0; ev0 < plan.ev_pad; ev0 += 4) {
-      BlockCombine(d, g, S, plan.vt(slot) + ev0 * ld + col, acc + ev0 * L, plan.ev_pad * L);
+      BlockCombine(d, g, S, vt + ev0 * ld + col, acc + ev0 * L, plan.ev_pad * L);
     }
     for (size_t k = 0; k < R; ++k) {
-      const std::int64_t q0 = (v0 + static_cast<std::int64_t>(k) * V) * Ls;
+      const std::int64_t q0 = walk.position(v0, k);
       if (q0 >= p.len_q) break;
       StoreLanes(d, acc + k * plan.ev_pad * L, Ev,
                  std::min<size_t>(L, static_cast<size_t>(p.len_q - q0)), inv_l + k * L, out, q0,
@@ -262,9 +247,7 @@ Status WindowForward(const AttentionParams& p, const Host& host) {
   plan.e_pad = static_cast<size_t>(round_up(std::max<std::int64_t>(p.dim_qk, 1), 4));
   plan.ev_pad = static_cast<size_t>(round_up(std::max<std::int64_t>(p.dim_v, 1), 4));
   if (blocked) {
-    const std::int64_t V = g.block_stride / static_cast<std::int64_t>(L);
-    const std::int64_t blocks = (g.vectors + kBlockRows * V - 1) / (kBlockRows * V);
-    plan.tasks_per_head = V * ((blocks + kBlocksPerTask - 1) / kBlocksPerTask);
+    plan.tasks_per_head = BlockTasksPerHead(g);
   } else {
     const std::int64_t rows = (g.vectors + g.per_row - 1) / g.per_row;
     plan.tasks_per_head = g.per_row * ((rows + kRowsPerTask - 1) / kRowsPerTask);

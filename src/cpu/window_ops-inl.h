@@ -229,6 +229,47 @@ HWY_INLINE void VectorScatter(D d, const WindowGeometry<T>& g, const std::int64_
 // multiply-add.
 constexpr size_t kBlockRows = 4;
 constexpr size_t kBlockOffsets = 6;
+// Blocks per task, one below the other down a strip: the next block's keys are mostly the rows
+// the last one read.
+constexpr std::int64_t kBlocksPerTask = 8;
+
+// Tasks per head of a blocked pass: strips of V = block_stride / L vectors side by side, each
+// cut into runs of kBlocksPerTask blocks.
+template <typename T>
+std::int64_t BlockTasksPerHead(const WindowGeometry<T>& g) {
+  const std::int64_t R = static_cast<std::int64_t>(kBlockRows);
+  const std::int64_t V = g.block_stride / g.lanes;
+  const std::int64_t blocks = (g.vectors + R * V - 1) / (R * V);
+  return V * ((blocks + kBlocksPerTask - 1) / kBlocksPerTask);
+}
+
+// Task `task` of a blocked pass over a packed group whose first (batch, head) pair is
+// group_first: its head and its blocks, vectors v0 + k V (k < kBlockRows) each.
+struct BlockWalk {
+  std::int64_t slot, b, h;     // head slot in the packed group, batch, head
+  std::int64_t L, V, vectors;  // lanes, vectors per block stride, vectors per head
+  std::int64_t c, a_begin;     // strip, first block
+  template <typename T>
+  BlockWalk(const WindowGeometry<T>& g, std::int64_t task, std::int64_t tasks_per_head,
+            std::int64_t group_first, std::int64_t heads)
+      : slot(task / tasks_per_head),
+        b((group_first + slot) / heads),
+        h((group_first + slot) % heads),
+        L(g.lanes),
+        V(g.block_stride / g.lanes),
+        vectors(g.vectors),
+        c(task % tasks_per_head % V),
+        a_begin(task % tasks_per_head / V * kBlocksPerTask) {}
+  // First vector of block a, or -1 past the task's blocks or the head.
+  std::int64_t first(std::int64_t a) const {
+    const std::int64_t v0 = a * static_cast<std::int64_t>(kBlockRows) * V + c;
+    return a < a_begin + kBlocksPerTask && v0 < vectors ? v0 : -1;
+  }
+  // Raster position of the first lane of vector k of the block from v0.
+  std::int64_t position(std::int64_t v0, size_t k) const {
+    return (v0 + static_cast<std::int64_t>(k) * V) * L;
+  }
+};
 
 // v, kept in a register: GCC 12 otherwise folds a load with several multiply-add uses into each
 // of them as a memory operand (19 loads per 20 multiply-adds in a 4 x 5 sweep instead of 12),
@@ -285,29 +326,14 @@ HWY_INLINE void BlockDots(D d, const WindowGeometry<T>& g, const T* a, const T* 
   const size_t L = hn::Lanes(d), ld = static_cast<size_t>(g.ld);
   const size_t rs = static_cast<size_t>(g.block_stride);
   const size_t s_stride = static_cast<size_t>(g.count) * L;
+  using Sweep = void (*)(D, const T*, const T*, size_t, size_t, size_t, T*, size_t);
+  static_assert(kBlockOffsets == 6, "one sweep per column length 1 .. kBlockOffsets");
+  static constexpr Sweep kSweeps[kBlockOffsets] = {
+      BlockDotsSweep<kR, 1, D, T>, BlockDotsSweep<kR, 2, D, T>, BlockDotsSweep<kR, 3, D, T>,
+      BlockDotsSweep<kR, 4, D, T>, BlockDotsSweep<kR, 5, D, T>, BlockDotsSweep<kR, 6, D, T>};
   for (const auto& sw : g.sweeps) {
-    const T* bm = b + sw.base;
-    T* Sm = S + static_cast<size_t>(sw.first) * L;
-    switch (sw.n) {
-      case 1:
-        BlockDotsSweep<kR, 1>(d, a, bm, ld, rows, rs, Sm, s_stride);
-        break;
-      case 2:
-        BlockDotsSweep<kR, 2>(d, a, bm, ld, rows, rs, Sm, s_stride);
-        break;
-      case 3:
-        BlockDotsSweep<kR, 3>(d, a, bm, ld, rows, rs, Sm, s_stride);
-        break;
-      case 4:
-        BlockDotsSweep<kR, 4>(d, a, bm, ld, rows, rs, Sm, s_stride);
-        break;
-      case 5:
-        BlockDotsSweep<kR, 5>(d, a, bm, ld, rows, rs, Sm, s_stride);
-        break;
-      default:
-        BlockDotsSweep<kR, kBlockOffsets>(d, a, bm, ld, rows, rs, Sm, s_stride);
-        break;
-    }
+    kSweeps[sw.n - 1](d, a, b + sw.base, ld, rows, rs, S + static_cast<size_t>(sw.first) * L,
+                      s_stride);
   }
 }
 
@@ -429,14 +455,19 @@ HWY_INLINE hn::Vec<D> MaskOutside(D d, const WindowGeometry<T>& g, const T* dr_o
 
 // dst[(q0 + lane) * s_n + r * s_e] = src[r * L + lane] * scale[lane] for rows r < rows and
 // lanes < lanes: rows of L positions, as the kernels keep them, back into a (positions, width)
-// tensor; src is scaled in place; scale (L,). A contiguous float output takes the packing's
-// 8 x 8 transpose (the element-wise stores were 5.6% of a 15x15 window's backward).
+// tensor; src is scaled in place; scale (L,), or null for none. A contiguous float output
+// takes the packing's 8 x 8 transpose (the element-wise stores were 5.6% of a 15x15 window's
+// backward).
 template <class D, typename T, typename IO>
 HWY_INLINE void StoreLanes(D d, T* src, size_t rows, size_t lanes, const T* scale, IO* dst,
                            std::int64_t q0, std::int64_t s_n, std::int64_t s_e) {
   const size_t L = hn::Lanes(d);
-  const auto sv = hn::Load(d, scale);
-  for (size_t r = 0; r < rows; ++r) hn::Store(hn::Mul(hn::Load(d, src + r * L), sv), d, src + r * L);
+  if (scale != nullptr) {
+    const auto sv = hn::Load(d, scale);
+    for (size_t r = 0; r < rows; ++r) {
+      hn::Store(hn::Mul(hn::Load(d, src + r * L), sv), d, src + r * L);
+    }
+  }
   if constexpr (std::is_same<IO, T>::value) {
     if (s_e == 1) {
       PackTransposed<T, T>(src, Rows{nullptr, 0, rows}, static_cast<std::int64_t>(L), 1, lanes,
@@ -450,6 +481,20 @@ HWY_INLINE void StoreLanes(D d, T* src, size_t rows, size_t lanes, const T* scal
       o[static_cast<std::int64_t>(r) * s_e] = Store<IO>(src[r * L + lane]);
     }
   }
+}
+
+// Masks the scores Sk (count, L) of the vector from q0, offsets in column order (a blocked
+// kernel's), where its keys fall outside the map; returns their lane-wise max when track_max
+// (else -inf). Interior vectors need no mask.
+template <class D, typename T>
+HWY_INLINE hn::Vec<D> MaskBlockVector(D d, const WindowGeometry<T>& g, std::int64_t q0, T* Sk,
+                                      T* lanes_i, T* lanes_j, bool track_max) {
+  const size_t count = static_cast<size_t>(g.count);
+  if (g.interior(q0)) {
+    return track_max ? RowMax(d, Sk, count) : hn::Set(d, -std::numeric_limits<T>::infinity());
+  }
+  LanePositions(d, g, q0, lanes_i, lanes_j);
+  return MaskOutside(d, g, g.col_dr.data(), g.col_dc.data(), count, lanes_i, lanes_j, Sk);
 }
 
 // Packed heads share one buffer of at most this many bytes, or one head where a head is larger
