@@ -172,7 +172,7 @@ HWY_INLINE void ProbabilitiesAndScoreGrad(const BackwardPlan<T>& plan, size_t ro
       const size_t W = (E + 1) / 2, Wv = (Ev + 1) / 2;
       PairScores(rows, cols_pad, W, reinterpret_cast<const std::uint32_t*>(a.q2),
                  reinterpret_cast<const std::uint32_t*>(a.kt), bk,
-                 static_cast<T>(plan.bp->fwd.scale), a.s);
+                 static_cast<T>(plan.bp->fwd.scale), a.s, bk);
       mask(a.s, cols_pad);
       gemm_bf16_pairs(false, rows, cols_pad, Wv, reinterpret_cast<const std::uint32_t*>(a.dout2),
                       Wv, reinterpret_cast<const std::uint32_t*>(a.vt), bk, a.dp, bk);

@@ -36,6 +36,11 @@ struct ForwardPlan {
   const AttentionParams* p;
   TileSizes tiles;
   size_t dim_v_pad;  // Ev rounded up to the vector length
+  // Row strides of the packed K^T (E rows), V (block_k rows) and score (block_q rows) tiles:
+  // one vector past block_k and Ev_pad. At block_k = 256 floats (1 KiB) or Ev_pad = 64 (256 B)
+  // a power-of-two stride puts the rows of a GEMM panel into a quarter or an eighth of the
+  // 64-set L1, which then cannot hold the panel that every 12-row block re-reads.
+  size_t ld_kt, ld_v, ld_s;
   std::int64_t q_tiles;
   size_t scratch_elems;  // per thread
   T* workspace;
@@ -55,9 +60,9 @@ struct ForwardPlan {
     ScratchCarver<T> c(base);
     Arrays a;
     a.q = c.take(bq * E);           // (block_q, E), pre-multiplied by scale
-    a.kt = c.take(E * bk);          // (E, block_k): keys along the vector
-    a.v = c.take(bk * dim_v_pad);   // (block_k, Ev_pad)
-    a.s = c.take(bq * bk);          // (block_q, block_k) scores, then probabilities
+    a.kt = c.take(E * ld_kt);       // (E, block_k): keys along the vector
+    a.v = c.take(bk * ld_v);        // (block_k, Ev_pad)
+    a.s = c.take(bq * ld_s);        // (block_q, block_k) scores, then probabilities
     a.acc = c.take(bq * dim_v_pad); // (block_q, Ev_pad)
     a.m = c.take(bq);
     a.l = c.take(bq);
@@ -133,21 +138,21 @@ HWY_INLINE void VisitKeyTileBf16(const AttentionParams& p, const ForwardPlan<T>&
                                  const typename ForwardPlan<T>::Arrays& a, const MaskFn& mask) {
   const size_t L = VectorLanes<T>();
   const size_t E = static_cast<size_t>(p.dim_qk), W = (E + 1) / 2;
-  const size_t Evp = plan.dim_v_pad, bk = static_cast<size_t>(plan.tiles.block_k);
+  const size_t Evp = plan.dim_v_pad, ld_kt = plan.ld_kt, ld_v = plan.ld_v, ld_s = plan.ld_s;
   const size_t cols = keys.count, cols_pad = (cols + L - 1) / L * L;
   auto* q2 = reinterpret_cast<const std::uint32_t*>(a.q);
   auto* kt2 = reinterpret_cast<std::uint32_t*>(a.kt);
   auto* v2 = reinterpret_cast<std::uint32_t*>(a.v);
   PackKeyPairsTransposed(static_cast<const BFloat16*>(p.k) + offset4(p.k_stride, b, h, 0, 0),
-                         keys, p.k_stride[2], p.k_stride[3], E, kt2, bk, cols_pad);
+                         keys, p.k_stride[2], p.k_stride[3], E, kt2, ld_kt, cols_pad);
   PackRowPairs(static_cast<const BFloat16*>(p.v) + offset4(p.v_stride, b, h, 0, 0), keys,
-               p.v_stride[2], p.v_stride[3], static_cast<size_t>(p.dim_v), Evp, cols_pad / 2, v2);
-  PairScores(rows, cols_pad, W, q2, kt2, bk, static_cast<T>(p.scale), a.s);
+               p.v_stride[2], p.v_stride[3], static_cast<size_t>(p.dim_v), ld_v, cols_pad / 2, v2);
+  PairScores(rows, cols_pad, W, q2, kt2, ld_kt, static_cast<T>(p.scale), a.s, ld_s);
   mask(a.s, cols_pad);
-  OnlineSoftmaxStep(a.s, rows, cols_pad, bk, a.m, a.l, a.acc, Evp);
-  round_rows_to_bf16_pairs(a.s, rows, cols_pad, bk);
-  gemm_bf16_pairs(true, rows, Evp, cols_pad / 2, reinterpret_cast<const std::uint32_t*>(a.s), bk,
-                  v2, Evp, a.acc, Evp);
+  OnlineSoftmaxStep(a.s, rows, cols_pad, ld_s, a.m, a.l, a.acc, Evp);
+  round_rows_to_bf16_pairs(a.s, rows, cols_pad, ld_s);
+  gemm_bf16_pairs(true, rows, Evp, cols_pad / 2, reinterpret_cast<const std::uint32_t*>(a.s),
+                  ld_s, v2, ld_v, a.acc, Evp);
 }
 #endif
 
@@ -164,16 +169,16 @@ HWY_INLINE void VisitKeyTile(const AttentionParams& p, const ForwardPlan<T>& pla
 #endif
   const size_t L = VectorLanes<T>();
   const size_t E = static_cast<size_t>(p.dim_qk), Ev = static_cast<size_t>(p.dim_v);
-  const size_t Evp = plan.dim_v_pad, bk = static_cast<size_t>(plan.tiles.block_k);
+  const size_t Evp = plan.dim_v_pad, ld_kt = plan.ld_kt, ld_v = plan.ld_v, ld_s = plan.ld_s;
   const size_t cols = keys.count, cols_pad = (cols + L - 1) / L * L;
   PackTransposed(static_cast<const IO*>(p.k) + offset4(p.k_stride, b, h, 0, 0), keys,
-                 p.k_stride[2], p.k_stride[3], E, a.kt, bk, cols_pad);
+                 p.k_stride[2], p.k_stride[3], E, a.kt, ld_kt, cols_pad);
   PackRows(static_cast<const IO*>(p.v) + offset4(p.v_stride, b, h, 0, 0), keys, p.v_stride[2],
-           p.v_stride[3], Ev, T(1), a.v, Evp, cols);
-  Gemm<false>(rows, cols_pad, E, a.q, E, 1, a.kt, bk, a.s, bk);
+           p.v_stride[3], Ev, T(1), a.v, ld_v, cols);
+  Gemm<false>(rows, cols_pad, E, a.q, E, 1, a.kt, ld_kt, a.s, ld_s);
   mask(a.s, cols_pad);
-  OnlineSoftmaxStep(a.s, rows, cols_pad, bk, a.m, a.l, a.acc, Evp);
-  Gemm<true>(rows, Evp, cols, a.s, bk, 1, a.v, Evp, a.acc, Evp);
+  OnlineSoftmaxStep(a.s, rows, cols_pad, ld_s, a.m, a.l, a.acc, Evp);
+  Gemm<true>(rows, Evp, cols, a.s, ld_s, 1, a.v, ld_v, a.acc, Evp);
 }
 
 // Dense: one (batch, head, query tile); walks the key tiles it can see.
@@ -181,7 +186,7 @@ template <typename T, typename IO>
 void ForwardTask(void* ctx, std::int64_t task, int thread) {
   const ForwardPlan<T>& plan = *static_cast<const ForwardPlan<T>*>(ctx);
   const AttentionParams& p = *plan.p;
-  const size_t bk = static_cast<size_t>(plan.tiles.block_k);
+  const size_t ld_s = plan.ld_s;
   const std::int64_t bh = task / plan.q_tiles;
   const std::int64_t b = bh / p.heads, h = bh % p.heads;
   const std::int64_t i0 = (task % plan.q_tiles) * plan.tiles.block_q;
@@ -196,7 +201,7 @@ void ForwardTask(void* ctx, std::int64_t task, int thread) {
   for (std::int64_t j0 = 0; j0 < key_end; j0 += plan.tiles.block_k) {
     const Rows keys{nullptr, j0, static_cast<size_t>(std::min(plan.tiles.block_k, p.len_k - j0))};
     VisitKeyTile<T, IO>(p, plan, b, h, rows.count, keys, a, [&](T* S, size_t cols_pad) {
-      MaskTile(S, bk, rows.count, keys.count, cols_pad, i0, j0, mask);
+      MaskTile(S, ld_s, rows.count, keys.count, cols_pad, i0, j0, mask);
     });
   }
   FinishQueryTile<T, IO>(p, plan, b, h, rows, a);
@@ -208,7 +213,7 @@ void SparseForwardTask(void* ctx, std::int64_t task, int thread) {
   const ForwardPlan<T>& plan = *static_cast<const ForwardPlan<T>*>(ctx);
   const AttentionParams& p = *plan.p;
   const SparseLayout& lay = *p.layout;
-  const size_t bk = static_cast<size_t>(plan.tiles.block_k);
+  const size_t ld_s = plan.ld_s;
   std::int64_t b, h, g;
   Rows rows;
   if (!SparseTaskTile(lay, p.heads, plan.q_tiles, task, /*query=*/true, &b, &h, &g,
@@ -221,7 +226,7 @@ void SparseForwardTask(void* ctx, std::int64_t task, int thread) {
     const Rows keys = LayoutTileRows(lay, lay.fwd_k_tile[visit], /*query=*/false);
     const std::uint64_t* words = MaskWords(lay, lay.fwd_mask[visit]);
     VisitKeyTile<T, IO>(p, plan, b, h, rows.count, keys, a, [&](T* S, size_t cols_pad) {
-      MaskTileBits(S, bk, rows.count, keys.count, cols_pad, words);
+      MaskTileBits(S, ld_s, rows.count, keys.count, cols_pad, words);
     });
   }
   FinishQueryTile<T, IO>(p, plan, b, h, rows, a);
@@ -243,6 +248,8 @@ Status Forward(const AttentionParams& p, const Host& host) {
     plan.q_tiles = (p.len_q + plan.tiles.block_q - 1) / plan.tiles.block_q;
   }
   plan.dim_v_pad = static_cast<size_t>(round_up(p.dim_v, static_cast<std::int64_t>(L)));
+  plan.ld_kt = plan.ld_s = static_cast<size_t>(plan.tiles.block_k) + L;
+  plan.ld_v = plan.dim_v_pad + L;
 #if defined(ATTN2D_NATIVE_BF16)
   plan.native_bf16 = std::is_same<IO, BFloat16>::value && cpu_has_avx512_bf16();
 #endif

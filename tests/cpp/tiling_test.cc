@@ -70,11 +70,40 @@ TEST(Tiling, BackwardScheduleKeepsEveryThreadBusy) {
 }  // namespace cpu
 }  // namespace attn2d
 
+#include <cmath>
+#include <cstdint>
+
 #include "attn2d/fma_peak.h"
 #include "attn2d/host.h"
+#include "hwy/targets.h"
 
 namespace attn2d {
 namespace {
+
+// Every chain of the peak probe must run on its own: with equal starts GCC once merged the 12
+// chains into one, so the probe timed one dependent FMA per iteration and reported 1.5x the
+// machine's peak. Distinct starts must come back as 12 distinct, correct values on every target.
+TEST(FmaPeak, EveryChainRunsOnEveryTarget) {
+  constexpr std::int64_t kIterations = 1000;
+  float starts[kFmaChains], expected[kFmaChains];
+  for (int i = 0; i < kFmaChains; ++i) {
+    starts[i] = 1.0f + 0.125f * static_cast<float>(i);
+    float c = starts[i];
+    for (std::int64_t k = 0; k < kIterations; ++k) c = std::fma(c, 0.999999f, 1e-7f);
+    expected[i] = c;
+  }
+  for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    float ends[kFmaChains];
+    run_fma_chains(starts, kIterations, ends);
+    for (int i = 0; i < kFmaChains; ++i) {
+      // Targets without a fused multiply-add round twice a step: up to an ulp (2^-23) each.
+      EXPECT_NEAR(ends[i], expected[i], kIterations * 0x1p-23f * expected[i])
+          << "chain " << i << " on " << hwy::TargetName(target);
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
 
 TEST(FmaPeak, MeasuresAPositiveRate) {
   const double gflops = measure_fma_peak_gflops(serial_host(), 0.01);
