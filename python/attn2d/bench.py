@@ -67,15 +67,21 @@ def time_training_step(fn: Callable[..., torch.Tensor], inputs: list[torch.Tenso
 
 
 def time_training_steps(fns: list[Callable[..., torch.Tensor]], inputs: list[torch.Tensor],
-                        reps: int) -> list[dict]:
+                        reps: int, per_fn_inputs: Optional[list[list[torch.Tensor]]] = None
+                        ) -> list[dict]:
     """time_training_step of each of fns, their runs interleaved (rep 1 of every fn, then rep 2,
     ...): the development VM's speed drifts by up to 30% over seconds to minutes, and a ratio
     of two implementations timed minutes apart carries that drift, where interleaved runs
-    share it."""
-    leaves = [t.detach().requires_grad_() for t in inputs]
+    share it. per_fn_inputs, if given, holds each fn's own inputs (e.g. fp32 and bf16 copies)
+    in place of the shared `inputs`."""
+    if per_fn_inputs is not None and len(per_fn_inputs) != len(fns):
+        raise ValueError(f"time_training_steps: per_fn_inputs has {len(per_fn_inputs)} lists for "
+                         f"{len(fns)} functions")
+    sources = per_fn_inputs if per_fn_inputs is not None else [inputs] * len(fns)
+    leaves = [[t.detach().requires_grad_() for t in ts] for ts in sources]
     grads = []
-    for fn in fns:
-        out = fn(*leaves)
+    for fn, ls in zip(fns, leaves):
+        out = fn(*ls)
         grads.append(torch.randn(out.shape, dtype=out.dtype))
         out.backward(grads[-1])  # warm-up (and the refusal, if any)
     fwd: list[list[float]] = [[] for _ in fns]
@@ -83,7 +89,7 @@ def time_training_steps(fns: list[Callable[..., torch.Tensor]], inputs: list[tor
     for _ in range(reps):
         for i, fn in enumerate(fns):
             t0 = time.perf_counter()
-            out = fn(*leaves)
+            out = fn(*leaves[i])
             t1 = time.perf_counter()
             out.backward(grads[i])
             t2 = time.perf_counter()
@@ -134,12 +140,20 @@ def run_case(case: Case, reps: int, peers: list[str], with_memory: bool,
     impls = {"attn2d": (lambda q, k, v, s: attn2d.attention(q, k, v, scale=s), fp32)}
     impls.update({name: (PEERS[name], fp32) for name in peers})
     impls["attn2d-bf16"] = (impls["attn2d"][0], [t.bfloat16() for t in fp32])
+    # attn2d on fp32 and on bf16 inputs interleaved rep by rep: their ratio is a target (1.5x),
+    # and timed apart, with the peers in between, it carried the VM's drift (1.18-1.51 over four
+    # runs of one build).
+    ours_fp32, ours_bf16 = time_training_steps(
+        [lambda *t, f=impls[name][0]: f(*t, scale) for name in ("attn2d", "attn2d-bf16")], [], reps,
+        per_fn_inputs=[impls["attn2d"][1], impls["attn2d-bf16"][1]])
+    timed = {"attn2d": ours_fp32, "attn2d-bf16": ours_bf16}
     results = {}
     for name, (fn, inputs) in impls.items():
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
-                r = time_training_step(lambda *t: fn(*t, scale), inputs, reps)
+                r = timed[name] if name in timed else time_training_step(
+                    lambda *t: fn(*t, scale), inputs, reps)
             except RuntimeError as err:
                 reasons = [str(w.message) for w in caught if "kernel not used" not in str(w.message)]
                 results[name] = {"refused": (reasons[-1] if reasons else str(err)).splitlines()[0]}

@@ -20,12 +20,15 @@ namespace {
 // kRows x kCols vectors of 16 sums: kRows * kCols accumulators; 12 x 2 uses 24 of 32 registers.
 template <int kRows, int kCols>
 inline void Block(bool accumulate, std::size_t P, const std::uint32_t* A, std::size_t a_rs,
-                  std::size_t a_ps, const std::uint32_t* B, std::size_t ldb, float* C,
-                  std::size_t ldc) {
+                  std::size_t a_ps, const std::uint32_t* B, std::size_t ldb, float alpha,
+                  float* C, std::size_t ldc) {
+  // alpha = 1 accumulates into C's values directly; otherwise the sums start at 0 and C is added
+  // after they are scaled.
+  const bool load_first = accumulate && alpha == 1.0f;
   __m512 c[kRows][kCols];
   for (int r = 0; r < kRows; ++r) {
     for (int j = 0; j < kCols; ++j) {
-      c[r][j] = accumulate ? _mm512_loadu_ps(C + r * ldc + 16 * j) : _mm512_setzero_ps();
+      c[r][j] = load_first ? _mm512_loadu_ps(C + r * ldc + 16 * j) : _mm512_setzero_ps();
     }
   }
   for (std::size_t p = 0; p < P; ++p) {
@@ -39,6 +42,15 @@ inline void Block(bool accumulate, std::size_t P, const std::uint32_t* A, std::s
       for (int j = 0; j < kCols; ++j) c[r][j] = _mm512_dpbf16_ps(c[r][j], a, b[j]);
     }
   }
+  if (alpha != 1.0f) {
+    const __m512 va = _mm512_set1_ps(alpha);
+    for (int r = 0; r < kRows; ++r) {
+      for (int j = 0; j < kCols; ++j) {
+        c[r][j] = accumulate ? _mm512_fmadd_ps(va, c[r][j], _mm512_loadu_ps(C + r * ldc + 16 * j))
+                             : _mm512_mul_ps(va, c[r][j]);
+      }
+    }
+  }
   for (int r = 0; r < kRows; ++r) {
     for (int j = 0; j < kCols; ++j) _mm512_storeu_ps(C + r * ldc + 16 * j, c[r][j]);
   }
@@ -47,16 +59,16 @@ inline void Block(bool accumulate, std::size_t P, const std::uint32_t* A, std::s
 template <int kCols>
 inline void Panel(bool accumulate, std::size_t M, std::size_t P, const std::uint32_t* A,
                   std::size_t a_rs, std::size_t a_ps, const std::uint32_t* B, std::size_t ldb,
-                  float* C, std::size_t ldc) {
+                  float alpha, float* C, std::size_t ldc) {
   std::size_t m = 0;
   for (; m + 12 <= M; m += 12) {
-    Block<12, kCols>(accumulate, P, A + m * a_rs, a_rs, a_ps, B, ldb, C + m * ldc, ldc);
+    Block<12, kCols>(accumulate, P, A + m * a_rs, a_rs, a_ps, B, ldb, alpha, C + m * ldc, ldc);
   }
   for (; m + 4 <= M; m += 4) {
-    Block<4, kCols>(accumulate, P, A + m * a_rs, a_rs, a_ps, B, ldb, C + m * ldc, ldc);
+    Block<4, kCols>(accumulate, P, A + m * a_rs, a_rs, a_ps, B, ldb, alpha, C + m * ldc, ldc);
   }
   for (; m < M; ++m) {
-    Block<1, kCols>(accumulate, P, A + m * a_rs, a_rs, a_ps, B, ldb, C + m * ldc, ldc);
+    Block<1, kCols>(accumulate, P, A + m * a_rs, a_rs, a_ps, B, ldb, alpha, C + m * ldc, ldc);
   }
 }
 
@@ -64,16 +76,19 @@ inline void Panel(bool accumulate, std::size_t M, std::size_t P, const std::uint
 
 void gemm_bf16_pairs_strided(bool accumulate, std::size_t M, std::size_t N, std::size_t P,
                              const std::uint32_t* A, std::size_t a_rs, std::size_t a_ps,
-                             const std::uint32_t* B, std::size_t ldb, float* C, std::size_t ldc) {
+                             const std::uint32_t* B, std::size_t ldb, float* C, std::size_t ldc,
+                             float alpha) {
   std::size_t n = 0;
-  for (; n + 32 <= N; n += 32) Panel<2>(accumulate, M, P, A, a_rs, a_ps, B + n, ldb, C + n, ldc);
-  for (; n < N; n += 16) Panel<1>(accumulate, M, P, A, a_rs, a_ps, B + n, ldb, C + n, ldc);
+  for (; n + 32 <= N; n += 32) {
+    Panel<2>(accumulate, M, P, A, a_rs, a_ps, B + n, ldb, alpha, C + n, ldc);
+  }
+  for (; n < N; n += 16) Panel<1>(accumulate, M, P, A, a_rs, a_ps, B + n, ldb, alpha, C + n, ldc);
 }
 
 void gemm_bf16_pairs(bool accumulate, std::size_t M, std::size_t N, std::size_t P,
                      const std::uint32_t* A, std::size_t a_rs, const std::uint32_t* B,
-                     std::size_t ldb, float* C, std::size_t ldc) {
-  gemm_bf16_pairs_strided(accumulate, M, N, P, A, a_rs, 1, B, ldb, C, ldc);
+                     std::size_t ldb, float* C, std::size_t ldc, float alpha) {
+  gemm_bf16_pairs_strided(accumulate, M, N, P, A, a_rs, 1, B, ldb, C, ldc, alpha);
 }
 
 void float_rows_to_bf16_pairs(const float* a, const float* b, std::size_t n, float scale,

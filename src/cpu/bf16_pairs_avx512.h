@@ -17,17 +17,19 @@ namespace cpu {
 // were built.
 bool cpu_has_avx512_bf16();
 
-// C (M x N floats, row stride ldc) = [C +] A * B over P pairs: A (M x P words, row stride a_rs),
-// B (P x N words, row stride ldb). N is a multiple of 16.
+// C (M x N floats, row stride ldc) = [C +] alpha * A * B over P pairs: A (M x P words, row
+// stride a_rs), B (P x N words, row stride ldb). N is a multiple of 16. alpha is applied to the
+// float32 sums as they are stored (the softmax scale of S = Q K^T, without a pass of its own).
 void gemm_bf16_pairs(bool accumulate, std::size_t M, std::size_t N, std::size_t P,
                      const std::uint32_t* A, std::size_t a_rs, const std::uint32_t* B,
-                     std::size_t ldb, float* C, std::size_t ldc);
+                     std::size_t ldb, float* C, std::size_t ldc, float alpha = 1.0f);
 
 // gemm_bf16_pairs with A(m, p) = A[m * a_rs + p * a_ps]: A may be a transposed pair tile (the
 // backward's P^T and dS^T, paired along the query rows).
 void gemm_bf16_pairs_strided(bool accumulate, std::size_t M, std::size_t N, std::size_t P,
                              const std::uint32_t* A, std::size_t a_rs, std::size_t a_ps,
-                             const std::uint32_t* B, std::size_t ldb, float* C, std::size_t ldc);
+                             const std::uint32_t* B, std::size_t ldb, float* C, std::size_t ldc,
+                             float alpha = 1.0f);
 
 // dst[c] = (bf16(scale a[c]), bf16(scale b[c])) for c < n, n a multiple of 16, round-to-nearest-
 // even (b null: zero high halves). dst may be a itself: two float rows become one pair row.

@@ -445,8 +445,7 @@ inline void PackQueryPairs(const BFloat16* base, const Rows& rows, std::int64_t 
 inline void PairScores(size_t rows, size_t cols_pad, size_t W, const std::uint32_t* q2,
                        const std::uint32_t* kt2, size_t ld_kt, float scale, float* S,
                        size_t ld_s) {
-  gemm_bf16_pairs(false, rows, cols_pad, W, q2, W, kt2, ld_kt, S, ld_s);
-  for (size_t r = 0; r < rows; ++r) ScaleRow(S + r * ld_s, cols_pad, scale);
+  gemm_bf16_pairs(false, rows, cols_pad, W, q2, W, kt2, ld_kt, S, ld_s, scale);
 }
 
 // dst[w * ld + n] = (k[n][2w], k[n][2w + 1]); zero for n in [keys.count, cols_pad). Rows of an

@@ -33,22 +33,26 @@ TEST(Bf16Pairs, GemmMatchesScalarProducts) {
     for (auto& w : A) w = RandomBf16(gen) | std::uint32_t{RandomBf16(gen)} << 16;
     for (auto& w : B) w = RandomBf16(gen) | std::uint32_t{RandomBf16(gen)} << 16;
     for (bool accumulate : {false, true}) {
-      std::vector<float> C(M * ldc, 0.5f);
-      gemm_bf16_pairs(accumulate, M, N, P, A.data(), a_rs, B.data(), ldb, C.data(), ldc);
-      for (std::size_t m = 0; m < M; ++m) {
-        for (std::size_t n = 0; n < N; ++n) {
-          double want = accumulate ? 0.5 : 0.0;
-          double magnitude = std::abs(want);
-          for (std::size_t p = 0; p < P; ++p) {
-            const std::uint32_t a = A[m * a_rs + p], b = B[p * ldb + n];
-            want += double(Lo(a)) * Lo(b) + double(Hi(a)) * Hi(b);
-            magnitude += std::abs(double(Lo(a)) * Lo(b)) + std::abs(double(Hi(a)) * Hi(b));
+      for (float alpha : {1.0f, -0.37f}) {
+        std::vector<float> C(M * ldc, 0.5f);
+        gemm_bf16_pairs(accumulate, M, N, P, A.data(), a_rs, B.data(), ldb, C.data(), ldc, alpha);
+        for (std::size_t m = 0; m < M; ++m) {
+          for (std::size_t n = 0; n < N; ++n) {
+            double product = 0.0, magnitude = 0.0;
+            for (std::size_t p = 0; p < P; ++p) {
+              const std::uint32_t a = A[m * a_rs + p], b = B[p * ldb + n];
+              product += double(Lo(a)) * Lo(b) + double(Hi(a)) * Hi(b);
+              magnitude += std::abs(double(Lo(a)) * Lo(b)) + std::abs(double(Hi(a)) * Hi(b));
+            }
+            const double want = (accumulate ? 0.5 : 0.0) + alpha * product;
+            magnitude = std::abs(alpha) * magnitude + (accumulate ? 0.5 : 0.0);
+            // float32 sums of 2P exact products: a few float32 rounding units of the magnitude.
+            EXPECT_NEAR(C[m * ldc + n], want, 4 * 6e-8 * magnitude + 1e-6)
+                << m << ", " << n << ", alpha " << alpha;
           }
-          // float32 sums of 2P exact products: a few float32 rounding units of the magnitude.
-          EXPECT_NEAR(C[m * ldc + n], want, 4 * 6e-8 * magnitude + 1e-6) << m << ", " << n;
         }
+        EXPECT_EQ(C[N], 0.5f) << "the padding past N is untouched";
       }
-      EXPECT_EQ(C[N], 0.5f) << "the padding past N is untouched";
     }
   }
 }

@@ -74,6 +74,21 @@ def test_interleaved_training_steps_alternate_and_time_each():
         assert r["fwd_bwd_s"] >= max(r["forward_s"], r["backward_s"]) * 0.5
 
 
+def test_interleaved_training_steps_take_each_functions_own_inputs():
+    seen = []
+
+    def record(x):
+        seen.append(x.dtype)
+        return x * 2.0
+
+    x = torch.randn(3, 4)
+    bench.time_training_steps([record, record], [], reps=2,
+                              per_fn_inputs=[[x], [x.bfloat16()]])
+    assert seen == [torch.float32, torch.bfloat16] * 3
+    with pytest.raises(ValueError, match="per_fn_inputs"):
+        bench.time_training_steps([record, record], [], reps=1, per_fn_inputs=[[x]])
+
+
 def test_pattern_bench_side_by_side(tmp_path):
     from attn2d import bench_patterns
     from attn2d.patterns import Window
