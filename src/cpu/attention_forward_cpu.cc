@@ -130,6 +130,33 @@ HWY_INLINE void StartQueryTile(const AttentionParams& p, const ForwardPlan<T>& p
 }
 
 #if defined(ATTN2D_NATIVE_BF16)
+// x = exp(x - shift) over a row of n floats (n a multiple of 16), left as n / 2 bf16 pair words
+// at the row's start (rounded to nearest even, as VCVTNE2PS2BF16 rounds); returns the float sum
+// of the exps. One pass instead of ExpShiftSum and then round_rows_to_bf16_pairs. The target
+// attribute adds AVX512-BF16 to the AVX3 target's set for this one function.
+__attribute__((target("avx512bf16"))) inline float ExpShiftSumToPairs(float* HWY_RESTRICT x,
+                                                                       size_t n, float shift) {
+  const hn::Full512<float> d;
+  const auto vshift = hn::Set(d, shift);
+  auto sum = hn::Zero(d);
+  auto* out = reinterpret_cast<std::uint32_t*>(x);
+  size_t j = 0;
+  // Words j/2 .. j/2 + 15 are written after floats j .. j + 31 were read: in place is safe.
+  for (; j + 32 <= n; j += 32) {
+    const auto lo = SoftmaxExp(d, hn::Sub(hn::LoadU(d, x + j), vshift));
+    const auto hi = SoftmaxExp(d, hn::Sub(hn::LoadU(d, x + j + 16), vshift));
+    sum = hn::Add(sum, hn::Add(lo, hi));
+    _mm512_storeu_si512(out + j / 2, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi.raw, lo.raw)));
+  }
+  if (j < n) {  // 16 left
+    const auto lo = SoftmaxExp(d, hn::Sub(hn::LoadU(d, x + j), vshift));
+    sum = hn::Add(sum, lo);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j / 2),
+                        reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(lo.raw)));
+  }
+  return hn::GetLane(hn::SumOfLanes(d, sum));
+}
+
 // VisitKeyTile on VDPBF16PS: S = scale * (Q K^T), mask, online softmax, P rounded to bf16 pairs
 // in place, acc += P V.
 template <typename T, class MaskFn>
@@ -149,8 +176,7 @@ HWY_INLINE void VisitKeyTileBf16(const AttentionParams& p, const ForwardPlan<T>&
                p.v_stride[2], p.v_stride[3], static_cast<size_t>(p.dim_v), ld_v, cols_pad / 2, v2);
   PairScores(rows, cols_pad, W, q2, kt2, ld_kt, static_cast<T>(p.scale), a.s, ld_s);
   mask(a.s, cols_pad);
-  OnlineSoftmaxStep(a.s, rows, cols_pad, ld_s, a.m, a.l, a.acc, Evp);
-  round_rows_to_bf16_pairs(a.s, rows, cols_pad, ld_s);
+  OnlineSoftmaxStep(a.s, rows, cols_pad, ld_s, a.m, a.l, a.acc, Evp, ExpShiftSumToPairs);
   gemm_bf16_pairs(true, rows, Evp, cols_pad / 2, reinterpret_cast<const std::uint32_t*>(a.s),
                   ld_s, v2, ld_v, a.acc, Evp);
 }
@@ -177,7 +203,8 @@ HWY_INLINE void VisitKeyTile(const AttentionParams& p, const ForwardPlan<T>& pla
            p.v_stride[3], Ev, T(1), a.v, ld_v, cols);
   Gemm<false>(rows, cols_pad, E, a.q, E, 1, a.kt, ld_kt, a.s, ld_s);
   mask(a.s, cols_pad);
-  OnlineSoftmaxStep(a.s, rows, cols_pad, ld_s, a.m, a.l, a.acc, Evp);
+  OnlineSoftmaxStep(a.s, rows, cols_pad, ld_s, a.m, a.l, a.acc, Evp,
+                    [](T* x, size_t n, T shift) { return ExpShiftSum(x, n, shift); });
   Gemm<true>(rows, Evp, cols, a.s, ld_s, 1, a.v, ld_v, a.acc, Evp);
 }
 

@@ -548,10 +548,12 @@ HWY_INLINE const std::uint64_t* MaskWords(const SparseLayout& lay, std::int64_t 
 // One key tile's step of the online softmax for every row of the score tile s (rows x
 // cols_pad, row stride ld), whose masked entries are -inf: updates the running max m and sum l,
 // rescales the accumulator rows (ld_acc wide) and leaves the tile's probabilities in s.
-template <typename T>
+// exp_row(s, cols_pad, shift) turns a row into its exps (ExpShiftSum; the bf16 forward's variant
+// also rounds them to pairs) and returns their float sum.
+template <typename T, class ExpRowFn>
 HWY_INLINE void OnlineSoftmaxStep(T* HWY_RESTRICT s_tile, size_t rows, size_t cols_pad, size_t ld,
                                   T* HWY_RESTRICT m, T* HWY_RESTRICT l, T* HWY_RESTRICT acc,
-                                  size_t ld_acc) {
+                                  size_t ld_acc, const ExpRowFn& exp_row) {
   constexpr T kNegInf = -std::numeric_limits<T>::infinity();
   for (size_t r = 0; r < rows; ++r) {
     T* s = s_tile + r * ld;
@@ -569,7 +571,7 @@ HWY_INLINE void OnlineSoftmaxStep(T* HWY_RESTRICT s_tile, size_t rows, size_t co
     }
     // The running max rarely moves after the first tiles: skip the scalar exp then.
     const T alpha = m[r] == kNegInf ? T(0) : m[r] == m_new ? T(1) : std::exp(m[r] - m_new);
-    const T tile_sum = ExpShiftSum(s, cols_pad, m_new);
+    const T tile_sum = exp_row(s, cols_pad, m_new);
     l[r] = l[r] * alpha + tile_sum;
     m[r] = m_new;
     if (alpha != T(1)) ScaleRow(acc + r * ld_acc, ld_acc, alpha);
