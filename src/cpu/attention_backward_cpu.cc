@@ -219,6 +219,12 @@ HWY_INLINE void ProbabilitiesAndScoreGrad(const BackwardPlan<T>& plan, size_t ro
     T* s = a.s + r * bk;
     if (a.lse[r] == kNegInf) {  // fully masked row: P = 0, so every gradient term is 0
       ZeroRow(s, cols_pad);
+    } else if constexpr (std::is_same<T, float>::value) {
+      if (native) {  // P is rounded to bf16 for the products
+        Bf16ExpShiftSum(s, cols_pad, a.lse[r]);
+      } else {
+        ExpShiftSum(s, cols_pad, a.lse[r]);
+      }
     } else {
       ExpShiftSum(s, cols_pad, a.lse[r]);
     }

@@ -146,9 +146,9 @@ HWY_INLINE void StartQueryTile(const AttentionParams& p, const ForwardPlan<T>& p
 }
 
 #if defined(ATTN2D_NATIVE_BF16)
-// x = exp(x - shift) over a row of n floats (n a multiple of 16), left as n / 2 bf16 pair words
-// at the row's start (rounded to nearest even, as VCVTNE2PS2BF16 rounds); returns the float sum
-// of the exps. One pass instead of ExpShiftSum and then round_rows_to_bf16_pairs. The target
+// x = exp(x - shift) over a row of n floats (n a multiple of 16; Bf16SoftmaxExp), left as n / 2
+// bf16 pair words at the row's start (rounded to nearest even, as VCVTNE2PS2BF16 rounds); returns
+// the float sum of the exps. One pass instead of ExpShiftSum and then round_rows_to_bf16_pairs. The target
 // attribute adds AVX512-BF16 to the AVX3 target's set for this one function.
 __attribute__((target("avx512bf16"))) inline float ExpShiftSumToPairs(float* HWY_RESTRICT x,
                                                                        size_t n, float shift) {
@@ -159,13 +159,13 @@ __attribute__((target("avx512bf16"))) inline float ExpShiftSumToPairs(float* HWY
   size_t j = 0;
   // Words j/2 .. j/2 + 15 are written after floats j .. j + 31 were read: in place is safe.
   for (; j + 32 <= n; j += 32) {
-    const auto lo = SoftmaxExp(d, hn::Sub(hn::LoadU(d, x + j), vshift));
-    const auto hi = SoftmaxExp(d, hn::Sub(hn::LoadU(d, x + j + 16), vshift));
+    const auto lo = Bf16SoftmaxExp(d, hn::Sub(hn::LoadU(d, x + j), vshift));
+    const auto hi = Bf16SoftmaxExp(d, hn::Sub(hn::LoadU(d, x + j + 16), vshift));
     sum = hn::Add(sum, hn::Add(lo, hi));
     _mm512_storeu_si512(out + j / 2, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi.raw, lo.raw)));
   }
   if (j < n) {  // 16 left
-    const auto lo = SoftmaxExp(d, hn::Sub(hn::LoadU(d, x + j), vshift));
+    const auto lo = Bf16SoftmaxExp(d, hn::Sub(hn::LoadU(d, x + j), vshift));
     sum = hn::Add(sum, lo);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j / 2),
                         reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(lo.raw)));

@@ -162,6 +162,14 @@ TEST_P(HalfPrecision, BFloat16ShapesAndLayouts) {
   }
 }
 
+// Scores that span ~+-100 (scale 3 at E = 16): the bf16 products' cheaper exp (Bf16SoftmaxExp)
+// must hold its error across the whole range, underflow to 0 below -87, and leave lse as close.
+TEST_P(HalfPrecision, BFloat16WideScores) {
+  auto pr = make_problem<float>(1, 2, 150, 333, 16, 24, Layout::kContiguous, 950);
+  pr.scale = 3.0;
+  expect_close_to_reference<BFloat16>(pr, "scale 3");
+}
+
 TEST_P(HalfPrecision, Float16ShapesAndLayouts) {
   int n = 0;
   for (const Shape& s : kShapes) {
