@@ -297,12 +297,13 @@ HWY_INLINE void AccumulateKeyGrads(const BackwardPlan<T>& plan, size_t rows, siz
         float_rows_to_bf16_pairs(a.dp + 2 * w * bk, odd_end ? nullptr : a.dp + (2 * w + 1) * bk,
                                  cols_pad, scale, ds2 + w * bk);
       }
-      gemm_bf16_pairs_strided(false, cols, plan.dim_v_pad, pairs, p2, 1, bk,
+      // Accumulating pair products are summed apart and then added: no share to add.
+      gemm_bf16_pairs_strided(true, cols, plan.dim_v_pad, pairs, p2, 1, bk,
                               reinterpret_cast<const std::uint32_t*>(a.dout_rp), plan.dim_v_pad,
-                              a.dv_part, plan.dim_v_pad);
-      gemm_bf16_pairs_strided(false, cols, plan.dim_qk_pad, pairs, ds2, 1, bk,
+                              a.dv, plan.dim_v_pad);
+      gemm_bf16_pairs_strided(true, cols, plan.dim_qk_pad, pairs, ds2, 1, bk,
                               reinterpret_cast<const std::uint32_t*>(a.q_rp), plan.dim_qk_pad,
-                              a.dk_part, plan.dim_qk_pad);
+                              a.dk, plan.dim_qk_pad);
       native = true;
     }
   }
@@ -312,9 +313,9 @@ HWY_INLINE void AccumulateKeyGrads(const BackwardPlan<T>& plan, size_t rows, siz
                 plan.dim_v_pad);
     Gemm<false>(cols, plan.dim_qk_pad, rows, a.dp, 1, bk, a.q, plan.dim_qk_pad, a.dk_part,
                 plan.dim_qk_pad);
+    AddRow(a.dv, a.dv_part, cols * plan.dim_v_pad);
+    AddRow(a.dk, a.dk_part, cols * plan.dim_qk_pad);
   }
-  AddRow(a.dv, a.dv_part, cols * plan.dim_v_pad);
-  AddRow(a.dk, a.dk_part, cols * plan.dim_qk_pad);
 }
 
 // dst (rows, E_pad) = [dst +] dS K (unscaled), after AccumulateKeyGrads has used dS: on bf16

@@ -22,14 +22,11 @@ template <int kRows, int kCols>
 inline void Block(bool accumulate, std::size_t P, const std::uint32_t* A, std::size_t a_rs,
                   std::size_t a_ps, const std::uint32_t* B, std::size_t ldb, float alpha,
                   float* C, std::size_t ldc) {
-  // alpha = 1 accumulates into C's values directly; otherwise the sums start at 0 and C is added
-  // after they are scaled.
-  const bool load_first = accumulate && alpha == 1.0f;
+  // The sums start at 0 and C is added once at the end: a gradient summed over many query
+  // tiles (dK, dV) gets one add per tile rather than one chain over every query.
   __m512 c[kRows][kCols];
   for (int r = 0; r < kRows; ++r) {
-    for (int j = 0; j < kCols; ++j) {
-      c[r][j] = load_first ? _mm512_loadu_ps(C + r * ldc + 16 * j) : _mm512_setzero_ps();
-    }
+    for (int j = 0; j < kCols; ++j) c[r][j] = _mm512_setzero_ps();
   }
   for (std::size_t p = 0; p < P; ++p) {
     __m512bh b[kCols];
@@ -45,9 +42,13 @@ inline void Block(bool accumulate, std::size_t P, const std::uint32_t* A, std::s
   if (alpha != 1.0f) {
     const __m512 va = _mm512_set1_ps(alpha);
     for (int r = 0; r < kRows; ++r) {
+      for (int j = 0; j < kCols; ++j) c[r][j] = _mm512_mul_ps(va, c[r][j]);
+    }
+  }
+  if (accumulate) {
+    for (int r = 0; r < kRows; ++r) {
       for (int j = 0; j < kCols; ++j) {
-        c[r][j] = accumulate ? _mm512_fmadd_ps(va, c[r][j], _mm512_loadu_ps(C + r * ldc + 16 * j))
-                             : _mm512_mul_ps(va, c[r][j]);
+        c[r][j] = _mm512_add_ps(_mm512_loadu_ps(C + r * ldc + 16 * j), c[r][j]);
       }
     }
   }

@@ -19,7 +19,9 @@ bool cpu_has_avx512_bf16();
 
 // C (M x N floats, row stride ldc) = [C +] alpha * A * B over P pairs: A (M x P words, row
 // stride a_rs), B (P x N words, row stride ldb). N is a multiple of 16. alpha is applied to the
-// float32 sums as they are stored (the softmax scale of S = Q K^T, without a pass of its own).
+// float32 sums as they are stored (the softmax scale of S = Q K^T, without a pass of its own);
+// with `accumulate`, the product is summed from 0 and then added to C (one rounding of C per
+// call, as a separate sum-then-add would round it).
 void gemm_bf16_pairs(bool accumulate, std::size_t M, std::size_t N, std::size_t P,
                      const std::uint32_t* A, std::size_t a_rs, const std::uint32_t* B,
                      std::size_t ldb, float* C, std::size_t ldc, float alpha = 1.0f);
