@@ -184,18 +184,74 @@ HWY_INLINE void PackQueryTile(const AttentionBackwardParams& bp, const BackwardP
   }
 }
 
+#if defined(ATTN2D_NATIVE_BF16)
+// The bf16 products' P and dS in one pass over the score tile s and dP tile dp (rows x cols_pad,
+// row stride ld, cols_pad a multiple of 16), straight into the pair tiles the products read:
+// - key_grads: P paired along the query rows (rows 2w and 2w + 1 -> pair row w, over float row w
+//   of s) for dV = P^T dO, and scale * dS so paired into ds2 for dK = dS^T q;
+// - query_grad: dS paired along the keys, over the start of each row of dp, for dQ = dS K.
+// Row w is written after float rows 2w and 2w + 1 (and row w itself, read earlier) were read,
+// and each 16 columns are read before they are written. Rounded to nearest even as before, when
+// separate passes did the exp, dS = P (dP - D), and three conversions to pairs.
+__attribute__((target("avx512bf16"))) inline void PairedProbabilitiesAndScoreGrad(
+    size_t rows, size_t cols_pad, size_t ld, float* HWY_RESTRICT s, float* HWY_RESTRICT dp,
+    const float* lse, const float* delta, float scale, std::uint32_t* HWY_RESTRICT ds2,
+    bool key_grads, bool query_grad) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const hn::Full512<float> d;
+  const auto vscale = hn::Set(d, scale);
+  // P and dS of 16 columns of row r (zero for a fully masked row or a missing last row).
+  auto row_terms = [&](size_t r, size_t c, hn::Vec<decltype(d)>* p, hn::Vec<decltype(d)>* ds) {
+    if (r >= rows || lse[r] == kNegInf) {
+      *p = hn::Zero(d), *ds = hn::Zero(d);
+      return;
+    }
+    *p = Bf16SoftmaxExp(d, hn::Sub(hn::LoadU(d, s + r * ld + c), hn::Set(d, lse[r])));
+    *ds = hn::Mul(*p, hn::Sub(hn::LoadU(d, dp + r * ld + c), hn::Set(d, delta[r])));
+  };
+  auto pair_rows = [](hn::Vec<decltype(d)> lo, hn::Vec<decltype(d)> hi) {
+    const __m512i l = _mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(lo.raw)));
+    const __m512i h = _mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(hi.raw)));
+    return _mm512_or_si512(l, _mm512_slli_epi32(h, 16));
+  };
+  for (size_t w = 0; 2 * w < rows; ++w) {
+    const size_t r0 = 2 * w, r1 = 2 * w + 1;
+    for (size_t c = 0; c < cols_pad; c += 16) {
+      hn::Vec<decltype(d)> p0, ds0, p1, ds1;
+      row_terms(r0, c, &p0, &ds0);
+      row_terms(r1, c, &p1, &ds1);
+      if (query_grad) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dp + r0 * ld) + c / 16,
+                            reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(ds0.raw)));
+        if (r1 < rows) {
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(dp + r1 * ld) + c / 16,
+                              reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(ds1.raw)));
+        }
+      }
+      if (key_grads) {
+        _mm512_storeu_si512(s + w * ld + c, pair_rows(p0, p1));
+        _mm512_storeu_si512(ds2 + w * ld + c,
+                            pair_rows(hn::Mul(ds0, vscale), hn::Mul(ds1, vscale)));
+      }
+    }
+  }
+}
+#endif
+
 // Recomputes P (into a.s) and dS (into a.dp) for one (query tile, key tile) pair whose query
 // side is packed and whose key side is in a.kt and a.vt; mask(S, cols_pad) masks the scores.
+// On the bf16 products they are left as the pair tiles that AccumulateKeyGrads (key_grads) and
+// ScoreGradTimesKeys (query_grad) read.
 template <typename T, class MaskFn>
 HWY_INLINE void ProbabilitiesAndScoreGrad(const BackwardPlan<T>& plan, size_t rows,
                                           size_t cols_pad,
                                           const typename BackwardPlan<T>::Arrays& a,
-                                          const MaskFn& mask) {
+                                          bool key_grads, bool query_grad, const MaskFn& mask) {
   constexpr T kNegInf = -std::numeric_limits<T>::infinity();
   const size_t bk = static_cast<size_t>(plan.tiles.block_k);
   const size_t E = static_cast<size_t>(plan.bp->fwd.dim_qk);
   const size_t Ev = static_cast<size_t>(plan.bp->fwd.dim_v);
-  bool native = false;
+  (void)key_grads, (void)query_grad;  // read by the bf16 products only
 #if defined(ATTN2D_NATIVE_BF16)
   if constexpr (std::is_same<T, float>::value) {
     if (plan.native_bf16) {
@@ -206,25 +262,21 @@ HWY_INLINE void ProbabilitiesAndScoreGrad(const BackwardPlan<T>& plan, size_t ro
       mask(a.s, cols_pad);
       gemm_bf16_pairs(false, rows, cols_pad, Wv, reinterpret_cast<const std::uint32_t*>(a.dout2),
                       Wv, reinterpret_cast<const std::uint32_t*>(a.vt), bk, a.dp, bk);
-      native = true;
+      PairedProbabilitiesAndScoreGrad(rows, cols_pad, bk, a.s, a.dp, a.lse, a.delta,
+                                      static_cast<float>(plan.bp->fwd.scale),
+                                      reinterpret_cast<std::uint32_t*>(a.ds2), key_grads,
+                                      query_grad);
+      return;
     }
   }
 #endif
-  if (!native) {
-    Gemm<false>(rows, cols_pad, E, a.q, plan.dim_qk_pad, 1, a.kt, bk, a.s, bk);
-    mask(a.s, cols_pad);
-    Gemm<false>(rows, cols_pad, Ev, a.dout, plan.dim_v_pad, 1, a.vt, bk, a.dp, bk);
-  }
+  Gemm<false>(rows, cols_pad, E, a.q, plan.dim_qk_pad, 1, a.kt, bk, a.s, bk);
+  mask(a.s, cols_pad);
+  Gemm<false>(rows, cols_pad, Ev, a.dout, plan.dim_v_pad, 1, a.vt, bk, a.dp, bk);
   for (size_t r = 0; r < rows; ++r) {
     T* s = a.s + r * bk;
     if (a.lse[r] == kNegInf) {  // fully masked row: P = 0, so every gradient term is 0
       ZeroRow(s, cols_pad);
-    } else if constexpr (std::is_same<T, float>::value) {
-      if (native) {  // P is rounded to bf16 for the products
-        Bf16ExpShiftSum(s, cols_pad, a.lse[r]);
-      } else {
-        ExpShiftSum(s, cols_pad, a.lse[r]);
-      }
     } else {
       ExpShiftSum(s, cols_pad, a.lse[r]);
     }
@@ -283,20 +335,11 @@ HWY_INLINE void AccumulateKeyGrads(const BackwardPlan<T>& plan, size_t rows, siz
 #if defined(ATTN2D_NATIVE_BF16)
   if constexpr (std::is_same<T, float>::value) {
     if (plan.native_bf16) {
-      // P and scale * dS as bf16 pairs along the query rows (P in place: row w of pairs is
-      // written over float row w after rows 2w and 2w + 1 were read).
-      const size_t L = VectorLanes<T>();
-      const size_t pairs = (rows + 1) / 2, cols_pad = (cols + L - 1) / L * L;
-      auto* p2 = reinterpret_cast<std::uint32_t*>(a.s);
-      auto* ds2 = reinterpret_cast<std::uint32_t*>(a.ds2);
-      const float scale = static_cast<float>(plan.bp->fwd.scale);
-      for (size_t w = 0; w < pairs; ++w) {
-        const bool odd_end = 2 * w + 1 == rows;
-        float_rows_to_bf16_pairs(a.s + 2 * w * bk, odd_end ? nullptr : a.s + (2 * w + 1) * bk,
-                                 cols_pad, 1.0f, p2 + w * bk);
-        float_rows_to_bf16_pairs(a.dp + 2 * w * bk, odd_end ? nullptr : a.dp + (2 * w + 1) * bk,
-                                 cols_pad, scale, ds2 + w * bk);
-      }
+      // P and scale * dS as bf16 pairs along the query rows, from
+      // PairedProbabilitiesAndScoreGrad (P over a.s, dS in a.ds2).
+      const size_t pairs = (rows + 1) / 2;
+      auto* p2 = reinterpret_cast<const std::uint32_t*>(a.s);
+      auto* ds2 = reinterpret_cast<const std::uint32_t*>(a.ds2);
       // Accumulating pair products are summed apart and then added: no share to add.
       gemm_bf16_pairs_strided(true, cols, plan.dim_v_pad, pairs, p2, 1, bk,
                               reinterpret_cast<const std::uint32_t*>(a.dout_rp), plan.dim_v_pad,
@@ -318,8 +361,8 @@ HWY_INLINE void AccumulateKeyGrads(const BackwardPlan<T>& plan, size_t rows, siz
   }
 }
 
-// dst (rows, E_pad) = [dst +] dS K (unscaled), after AccumulateKeyGrads has used dS: on bf16
-// pairs, dS is rounded to pairs along the keys in place.
+// dst (rows, E_pad) = [dst +] dS K (unscaled); on bf16 pairs, dS is paired along the keys at the
+// start of each row of a.dp (PairedProbabilitiesAndScoreGrad with query_grad).
 template <bool kAccumulate, typename T>
 HWY_INLINE void ScoreGradTimesKeys(const BackwardPlan<T>& plan, size_t rows, size_t cols,
                                    const typename BackwardPlan<T>::Arrays& a, T* dst) {
@@ -327,8 +370,6 @@ HWY_INLINE void ScoreGradTimesKeys(const BackwardPlan<T>& plan, size_t rows, siz
 #if defined(ATTN2D_NATIVE_BF16)
   if constexpr (std::is_same<T, float>::value) {
     if (plan.native_bf16) {
-      const size_t L = VectorLanes<T>();
-      round_rows_to_bf16_pairs(a.dp, rows, (cols + L - 1) / L * L, bk);
       gemm_bf16_pairs(kAccumulate, rows, plan.dim_qk_pad, (cols + 1) / 2,
                       reinterpret_cast<const std::uint32_t*>(a.dp), bk,
                       reinterpret_cast<const std::uint32_t*>(a.k), plan.dim_qk_pad, dst,
@@ -407,11 +448,14 @@ void KeyTile(const BackwardPlan<T>& plan, std::int64_t b, std::int64_t h, std::i
        i0 += plan.tiles.block_q) {
     const Rows rows = QueryTileRows(p, plan, i0);
     PackQueryTile<T, IO>(bp, plan, b, h, rows, a);
-    ProbabilitiesAndScoreGrad(plan, rows.count, cols_pad, a, [&](T* S, size_t pad) {
-      MaskTile(S, bk, rows.count, cols, pad, i0, j0, mask);
-    });
+    const bool with_dq =
+        dq_share != nullptr && j0 < KeyEnd(p, i0, static_cast<std::int64_t>(rows.count));
+    ProbabilitiesAndScoreGrad(plan, rows.count, cols_pad, a, /*key_grads=*/true, with_dq,
+                              [&](T* S, size_t pad) {
+                                MaskTile(S, bk, rows.count, cols, pad, i0, j0, mask);
+                              });
     AccumulateKeyGrads(plan, rows.count, cols, a);
-    if (dq_share != nullptr && j0 < KeyEnd(p, i0, static_cast<std::int64_t>(rows.count))) {
+    if (with_dq) {
       ScoreGradTimesKeys<true>(plan, rows.count, cols, a,
                                dq_share + static_cast<size_t>(i0) * plan.dim_qk_pad);
     }
@@ -441,9 +485,10 @@ void SparseKeyTile(const BackwardPlan<T>& plan, std::int64_t b, std::int64_t h,
     const Rows rows = LayoutTileRows(lay, lay.bwd_q_tile[visit], /*query=*/true);
     const std::uint64_t* words = MaskWords(lay, lay.bwd_mask[visit]);
     PackQueryTile<T, IO>(bp, plan, b, h, rows, a);
-    ProbabilitiesAndScoreGrad(plan, rows.count, cols_pad, a, [&](T* S, size_t pad) {
-      MaskTileBits(S, bk, rows.count, cols, pad, words);
-    });
+    ProbabilitiesAndScoreGrad(plan, rows.count, cols_pad, a, /*key_grads=*/true,
+                              /*query_grad=*/dq_share != nullptr, [&](T* S, size_t pad) {
+                                MaskTileBits(S, bk, rows.count, cols, pad, words);
+                              });
     AccumulateKeyGrads(plan, rows.count, cols, a);
     if (dq_share != nullptr) {
       ScoreGradTimesKeys<false>(plan, rows.count, cols, a, a.dq_term);
@@ -587,7 +632,8 @@ HWY_INLINE void QueryTileGrad(const BackwardPlan<T>& plan, std::int64_t b, std::
     T* sum = groups_seen == 1 ? a.dq : a.dq_group;
     const size_t cols_pad = (keys.count + L - 1) / L * L;
     PackKeyTile<T, IO>(p, plan, b, h, keys, cols_pad, /*row_major_k=*/true, a);
-    ProbabilitiesAndScoreGrad(plan, rows.count, cols_pad, a, mask);
+    ProbabilitiesAndScoreGrad(plan, rows.count, cols_pad, a, /*key_grads=*/false,
+                              /*query_grad=*/true, mask);
     if (p.layout != nullptr) {
       ScoreGradTimesKeys<false>(plan, rows.count, keys.count, a, a.dq_term);
       AddRow(sum, a.dq_term, n);

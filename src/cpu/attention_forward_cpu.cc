@@ -148,7 +148,7 @@ HWY_INLINE void StartQueryTile(const AttentionParams& p, const ForwardPlan<T>& p
 #if defined(ATTN2D_NATIVE_BF16)
 // x = exp(x - shift) over a row of n floats (n a multiple of 16; Bf16SoftmaxExp), left as n / 2
 // bf16 pair words at the row's start (rounded to nearest even, as VCVTNE2PS2BF16 rounds); returns
-// the float sum of the exps. One pass instead of ExpShiftSum and then round_rows_to_bf16_pairs. The target
+// the float sum of the exps. One pass where the exp and the rounding to pairs were two. The target
 // attribute adds AVX512-BF16 to the AVX3 target's set for this one function.
 __attribute__((target("avx512bf16"))) inline float ExpShiftSumToPairs(float* HWY_RESTRICT x,
                                                                        size_t n, float shift) {

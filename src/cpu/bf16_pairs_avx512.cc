@@ -92,38 +92,6 @@ void gemm_bf16_pairs(bool accumulate, std::size_t M, std::size_t N, std::size_t 
   gemm_bf16_pairs_strided(accumulate, M, N, P, A, a_rs, 1, B, ldb, C, ldc, alpha);
 }
 
-void float_rows_to_bf16_pairs(const float* a, const float* b, std::size_t n, float scale,
-                              std::uint32_t* dst) {
-  const __m512 s = _mm512_set1_ps(scale);
-  for (std::size_t c = 0; c < n; c += 16) {
-    const __m512i lo = _mm512_cvtepu16_epi32(
-        reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(a + c), s))));
-    const __m512i hi =
-        b == nullptr ? _mm512_setzero_si512()
-                     : _mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(
-                           _mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(b + c), s))));
-    // Word c is written after float c of a (which dst may alias) was read.
-    _mm512_storeu_si512(dst + c, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
-  }
-}
-
-void round_rows_to_bf16_pairs(float* S, std::size_t rows, std::size_t cols, std::size_t ld) {
-  for (std::size_t r = 0; r < rows; ++r) {
-    float* s = S + r * ld;
-    std::uint32_t* out = reinterpret_cast<std::uint32_t*>(s);
-    // Word j is written after floats 2j and 2j + 1 were read: in place is safe.
-    std::size_t c = 0;
-    for (; c + 32 <= cols; c += 32) {
-      const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(s + c + 16), _mm512_loadu_ps(s + c));
-      _mm512_storeu_si512(out + c / 2, reinterpret_cast<__m512i>(h));
-    }
-    if (c < cols) {  // 16 left
-      const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_setzero_ps(), _mm512_loadu_ps(s + c));
-      _mm512_mask_storeu_epi32(out + c / 2, __mmask16(0xFF), reinterpret_cast<__m512i>(h));
-    }
-  }
-}
-
 void interleave_bf16_rows(const std::uint16_t* a, const std::uint16_t* b, std::size_t n,
                           std::uint32_t* dst) {
   for (std::size_t e = 0; e < n; e += 16) {

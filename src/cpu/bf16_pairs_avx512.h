@@ -33,16 +33,6 @@ void gemm_bf16_pairs_strided(bool accumulate, std::size_t M, std::size_t N, std:
                              const std::uint32_t* B, std::size_t ldb, float* C, std::size_t ldc,
                              float alpha = 1.0f);
 
-// dst[c] = (bf16(scale a[c]), bf16(scale b[c])) for c < n, n a multiple of 16, round-to-nearest-
-// even (b null: zero high halves). dst may be a itself: two float rows become one pair row.
-void float_rows_to_bf16_pairs(const float* a, const float* b, std::size_t n, float scale,
-                              std::uint32_t* dst);
-
-// Rounds each float row of a score tile (rows x cols, cols a multiple of 16, row stride ld
-// floats) to bf16 in place, round-to-nearest-even: row r becomes cols / 2 pair words at the
-// start of the same row.
-void round_rows_to_bf16_pairs(float* S, std::size_t rows, std::size_t cols, std::size_t ld);
-
 // dst[e] = a[e] | b[e] << 16 for e < n: two bf16 rows as pairs (b null: zero high halves).
 void interleave_bf16_rows(const std::uint16_t* a, const std::uint16_t* b, std::size_t n,
                           std::uint32_t* dst);

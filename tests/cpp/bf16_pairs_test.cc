@@ -80,52 +80,6 @@ TEST(Bf16Pairs, StridedGemmReadsATransposed) {
   }
 }
 
-TEST(Bf16Pairs, PairsTwoScaledFloatRowsInPlace) {
-  if (!cpu_has_avx512_bf16()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
-  std::mt19937 gen(10);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  const std::size_t n = 48;
-  std::vector<float> a(n), b(n);
-  for (auto& x : a) x = dist(gen);
-  for (auto& x : b) x = dist(gen);
-  a[3] = 1.0f + 1.0f / 256;  // a tie: rounds to the even 1.0
-  const std::vector<float> a0 = a;
-  auto* words = reinterpret_cast<std::uint32_t*>(a.data());  // in place over row a
-  float_rows_to_bf16_pairs(a.data(), b.data(), n, 0.5f, words);
-  for (std::size_t c = 0; c < n; ++c) {
-    EXPECT_EQ(words[c] & 0xFFFF, narrow_bf16(0.5f * a0[c]).bits) << c;
-    EXPECT_EQ(words[c] >> 16, narrow_bf16(0.5f * b[c]).bits) << c;
-  }
-  EXPECT_EQ(Lo(words[3]), 0.5f);
-  std::vector<std::uint32_t> alone(n);
-  float_rows_to_bf16_pairs(b.data(), nullptr, n, 1.0f, alone.data());
-  for (std::size_t c = 0; c < n; ++c) {
-    EXPECT_EQ(alone[c], std::uint32_t{narrow_bf16(b[c]).bits}) << "zero high half " << c;
-  }
-}
-
-TEST(Bf16Pairs, RoundsRowsToNearestEvenPairsInPlace) {
-  if (!cpu_has_avx512_bf16()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
-  std::mt19937 gen(8);
-  std::uniform_real_distribution<float> dist(0.0f, 1.0f);
-  const std::size_t rows = 3, cols = 48, ld = 64;
-  std::vector<float> S(rows * ld), original;
-  for (auto& x : S) x = dist(gen);
-  S[4] = 1.0f + 1.0f / 256;  // a tie: rounds to the even 1.0 (word 2, low half)
-  S[7] = 1.0f + 3.0f / 256;  // a tie: rounds to the even 1 + 4/256 (word 3, high half)
-  original = S;
-  round_rows_to_bf16_pairs(S.data(), rows, cols, ld);
-  for (std::size_t r = 0; r < rows; ++r) {
-    const auto* words = reinterpret_cast<const std::uint32_t*>(S.data() + r * ld);
-    for (std::size_t j = 0; j < cols / 2; ++j) {
-      EXPECT_EQ(words[j] & 0xFFFF, narrow_bf16(original[r * ld + 2 * j]).bits);
-      EXPECT_EQ(words[j] >> 16, narrow_bf16(original[r * ld + 2 * j + 1]).bits);
-    }
-  }
-  EXPECT_EQ(Lo(reinterpret_cast<const std::uint32_t*>(S.data())[2]), 1.0f);
-  EXPECT_EQ(Hi(reinterpret_cast<const std::uint32_t*>(S.data())[3]), 1.0f + 4.0f / 256);
-}
-
 TEST(Bf16Pairs, InterleavesTwoRows) {
   if (!cpu_has_avx512_bf16()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
   for (std::size_t n : {1, 16, 21, 64}) {
