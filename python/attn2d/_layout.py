@@ -91,9 +91,21 @@ def _ylg_plan(pattern: P.YLG, kind: str, q_hw, kv_hw):
     is_special[special] = True
     rest = positions[~is_special]
     n_special_tiles = (special.numel() + BLOCK_K - 1) // BLOCK_K
-    k_tiles = [order[c] for c in _chunks(special, BLOCK_K) + _chunks(rest, BLOCK_K)]
+    if special.numel() > 0:
+        # A repetitive pattern's query sees one key outside the special columns, its own
+        # position: the other positions are cut where the query tiles' positions end, so a
+        # tile of queries (16 positions when 4 queries share each, as with 2x2-pooled keys)
+        # visits a run of about as many own keys, not a run of 64 holding 16 of them.
+        ends = torch.tensor([int(query_pos[t].max()) for t in q_tiles])
+        run = torch.searchsorted(ends, rest)  # the first query tile ending at or after the key
+        runs = [rest[run == i] for i in torch.unique(run).tolist()]
+        rest_tiles = [c for r in runs for c in _chunks(r, BLOCK_K)]
+    else:
+        rest_tiles = _chunks(rest, BLOCK_K)
+    k_tiles = [order[c] for c in _chunks(special, BLOCK_K) + rest_tiles]
     tile_of = torch.empty(n, dtype=torch.long)  # position -> key tile, for the other positions
-    tile_of[rest] = n_special_tiles + torch.arange(rest.numel()) // BLOCK_K
+    for i, c in enumerate(rest_tiles):
+        tile_of[c] = n_special_tiles + i
     specials = torch.arange(n_special_tiles)
 
     def candidates(query_rows: torch.Tensor) -> torch.Tensor:
