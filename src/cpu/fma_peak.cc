@@ -101,8 +101,8 @@ double measure_fma_peak_gflops(const Host& host, double seconds) {
     x.sink.store(ChainsOnce(x.iterations));
   });
   const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-  const double flops = 2.0 * kFmaChains * static_cast<double>(HWY_DYNAMIC_DISPATCH(cpu::FloatLanes)()) *
-                       static_cast<double>(iterations) * threads;
+  const double lanes = static_cast<double>(HWY_DYNAMIC_DISPATCH(cpu::FloatLanes)());
+  const double flops = 2.0 * kFmaChains * lanes * static_cast<double>(iterations) * threads;
   return flops / dt / 1e9;
 }
 

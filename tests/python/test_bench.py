@@ -25,6 +25,7 @@ def test_side_by_side_report(tmp_path):
     # scratch) exceed the probe's 64 KiB mmap threshold: a warm step of a tiny case can reuse
     # freed heap memory and honestly show no growth at all.
     case = bench.Case("small E=8 Ev=16", 1, 2, 256, 192, 8, 16)
+    threads_before = torch.get_num_threads()
     report = bench.run(str(tmp_path), cases=[case], reps=2, peers=["unfused", "sdpa-flash"],
                        with_memory=True, thread_scaling=True, log=lambda line: None)
     results = report["cases"][0]["results"]
@@ -33,6 +34,8 @@ def test_side_by_side_report(tmp_path):
     acc = bf16["accuracy"]
     assert acc["within_2x_rule"] and 0 < acc["error"] <= 2 * acc["naive_bf16_error"]
     assert results["attn2d-1thread"]["fwd_bwd_s"] > 0
+    assert results["attn2d-1thread"]["attn2d_scaling_forward"] > 0
+    assert torch.get_num_threads() == threads_before  # the interleaved 1-thread runs restore it
     ours, peer = results["attn2d"], results["unfused"]
     for key in ("forward_s", "backward_s", "fwd_bwd_s", "forward_gflops", "peak_bytes"):
         assert ours[key] > 0 and peer[key] > 0
