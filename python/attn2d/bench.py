@@ -285,7 +285,9 @@ def run(out_dir: str = "attn2d-report", *, cases: Optional[list[Case]] = None, r
     unknown = [p for p in peers if p not in PEERS]
     if unknown:
         raise ValueError(f"attn2d bench: unknown peers {unknown}; choose from {list(PEERS)}")
-    peak = float(torch.ops.attn2d.fma_peak_gflops(0.3))
+    # The best of 5 probes: a peak, and the VM's other vCPU is at times taken for seconds (one
+    # 0.3 s probe read 245 GFLOP/s where the machine runs 450).
+    peak = max(float(torch.ops.attn2d.fma_peak_gflops(0.2)) for _ in range(5))
     report = {
         "machine": f"{platform.processor() or platform.machine()}, attn2d on "
                    f"{attn2d.cpu_simd_target()}, torch {torch.__version__}",
