@@ -180,19 +180,31 @@ HWY_INLINE bool RowHasNaN(const T* HWY_RESTRICT x, size_t n) {
   return false;
 }
 
+// The exps' last step: p * 2^n, where n sits in the low mantissa bits of `rounded` (an integer
+// plus `magic` = 1.5 * 2^23: its bits minus magic's are n as an int32, two's complement), and
+// 2^n goes straight into the exponent bits, valid for n >= -126; below x = -87 the result is 0,
+// as exp underflows there anyway next to the row maximum's exp(0) = 1. NaN x stays NaN (a NaN
+// score must give a NaN output, as naive attention does, not a silent 0).
+template <class D>
+HWY_INLINE hn::Vec<D> TimesPow2(D d, hn::Vec<D> x, hn::Vec<D> p, hn::Vec<D> rounded,
+                                hn::Vec<D> magic) {
+  const hn::RebindToSigned<D> di;
+  const auto ni = hn::Sub(hn::BitCast(di, rounded), hn::BitCast(di, magic));
+  const auto scaled = hn::BitCast(d, hn::Add(hn::BitCast(di, p), hn::ShiftLeft<23>(ni)));
+  const auto result = hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -87.0f)), scaled);
+  return hn::IfThenElse(hn::Ne(x, x), x, result);
+}
+
 // exp(x) for the softmax's arguments (x <= 0 up to rounding, or -inf, or NaN), in float32:
 // Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, and e^r by its Taylor polynomial to r^7
 // (truncation below 6e-9 relative, under float32's 6e-8 rounding). n comes from adding
 // 1.5 * 2^23, which rounds x log2(e) to the nearest integer and leaves that integer in the low
 // mantissa bits (valid for |x log2 e| < 2^22): one add instead of a round plus a float-to-int
-// conversion (which Highway guards against overflow with 4 more instructions). 2^n goes
-// straight into the exponent bits, valid for n >= -126; below x = -87 the result is 0, as exp
-// underflows there anyway next to the row maximum's exp(0) = 1. NaN stays NaN (a NaN score
-// must give a NaN output, as naive attention does, not a silent 0). About 17 instructions per
-// vector; on E=8..16 heads the exp is the main per-score cost.
+// conversion (which Highway guards against overflow with 4 more instructions); TimesPow2 does
+// the rest. About 17 instructions per vector; on E=8..16 heads the exp is the main per-score
+// cost.
 template <class D>
 HWY_INLINE hn::Vec<D> SoftmaxExp(D d, hn::Vec<D> x) {
-  const hn::RebindToSigned<D> di;
   const auto magic = hn::Set(d, 12582912.0f);  // 1.5 * 2^23
   const auto t = hn::MulAdd(x, hn::Set(d, 1.44269504088896341f), magic);
   const auto n = hn::Sub(t, magic);  // x log2(e), rounded to the nearest integer
@@ -206,11 +218,7 @@ HWY_INLINE hn::Vec<D> SoftmaxExp(D d, hn::Vec<D> x) {
   p = hn::MulAdd(p, r, hn::Set(d, 0.5f));
   p = hn::MulAdd(p, r, hn::Set(d, 1.0f));
   p = hn::MulAdd(p, r, hn::Set(d, 1.0f));
-  // t's bits minus magic's are n as an int32 (two's complement in the low mantissa bits).
-  const auto ni = hn::Sub(hn::BitCast(di, t), hn::BitCast(di, magic));
-  const auto scaled = hn::BitCast(d, hn::Add(hn::BitCast(di, p), hn::ShiftLeft<23>(ni)));
-  const auto result = hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -87.0f)), scaled);
-  return hn::IfThenElse(hn::Ne(x, x), x, result);
+  return TimesPow2(d, x, p, t, magic);
 }
 
 // exp for probabilities that are rounded to bf16 next (the bf16 products' P; relative unit 2^-9):
@@ -221,7 +229,6 @@ HWY_INLINE hn::Vec<D> SoftmaxExp(D d, hn::Vec<D> x) {
 // SoftmaxExp: 0 below x = -87 (and for -inf), NaN stays NaN.
 template <class D>
 HWY_INLINE hn::Vec<D> Bf16SoftmaxExp(D d, hn::Vec<D> x) {
-  const hn::RebindToSigned<D> di;
   const auto magic = hn::Set(d, 12582912.0f);  // 1.5 * 2^23: rounds to an integer, see above
   const auto t = hn::Mul(x, hn::Set(d, 1.44269504088896341f));
   const auto tm = hn::Add(t, magic);
@@ -231,10 +238,7 @@ HWY_INLINE hn::Vec<D> Bf16SoftmaxExp(D d, hn::Vec<D> x) {
   p = hn::MulAdd(p, f, hn::Set(d, 0.240247443318367f));
   p = hn::MulAdd(p, f, hn::Set(d, 0.6931218504905701f));
   p = hn::MulAdd(p, f, hn::Set(d, 0.9999992847442627f));
-  const auto ni = hn::Sub(hn::BitCast(di, tm), hn::BitCast(di, magic));
-  const auto scaled = hn::BitCast(d, hn::Add(hn::BitCast(di, p), hn::ShiftLeft<23>(ni)));
-  const auto result = hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -87.0f)), scaled);
-  return hn::IfThenElse(hn::Ne(x, x), x, result);
+  return TimesPow2(d, x, p, tm, magic);
 }
 
 // exp for the softmax: SoftmaxExp in float32; Highway's Exp in float64 (the accurate kernels'

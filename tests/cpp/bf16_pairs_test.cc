@@ -22,6 +22,20 @@ std::uint16_t RandomBf16(std::mt19937& gen) {
 float Lo(std::uint32_t w) { return widen(BFloat16{static_cast<std::uint16_t>(w & 0xFFFF)}); }
 float Hi(std::uint32_t w) { return widen(BFloat16{static_cast<std::uint16_t>(w >> 16)}); }
 
+// sum over p < P of the pair products a(p) . b(p), in double (exact for bf16 inputs); the sum of
+// their magnitudes into *magnitude. a(p) = a[p * a_step], b(p) = b[p * b_step].
+double PairDot(const std::uint32_t* a, std::size_t a_step, const std::uint32_t* b,
+               std::size_t b_step, std::size_t P, double* magnitude) {
+  double sum = 0.0;
+  *magnitude = 0.0;
+  for (std::size_t p = 0; p < P; ++p) {
+    const std::uint32_t x = a[p * a_step], y = b[p * b_step];
+    sum += double(Lo(x)) * Lo(y) + double(Hi(x)) * Hi(y);
+    *magnitude += std::abs(double(Lo(x)) * Lo(y)) + std::abs(double(Hi(x)) * Hi(y));
+  }
+  return sum;
+}
+
 TEST(Bf16Pairs, GemmMatchesScalarProducts) {
   if (!cpu_has_avx512_bf16()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
   std::mt19937 gen(7);
@@ -38,12 +52,8 @@ TEST(Bf16Pairs, GemmMatchesScalarProducts) {
         gemm_bf16_pairs(accumulate, M, N, P, A.data(), a_rs, B.data(), ldb, C.data(), ldc, alpha);
         for (std::size_t m = 0; m < M; ++m) {
           for (std::size_t n = 0; n < N; ++n) {
-            double product = 0.0, magnitude = 0.0;
-            for (std::size_t p = 0; p < P; ++p) {
-              const std::uint32_t a = A[m * a_rs + p], b = B[p * ldb + n];
-              product += double(Lo(a)) * Lo(b) + double(Hi(a)) * Hi(b);
-              magnitude += std::abs(double(Lo(a)) * Lo(b)) + std::abs(double(Hi(a)) * Hi(b));
-            }
+            double magnitude;
+            const double product = PairDot(&A[m * a_rs], 1, &B[n], ldb, P, &magnitude);
             const double want = (accumulate ? 0.5 : 0.0) + alpha * product;
             magnitude = std::abs(alpha) * magnitude + (accumulate ? 0.5 : 0.0);
             // float32 sums of 2P exact products: a few float32 rounding units of the magnitude.
@@ -69,12 +79,8 @@ TEST(Bf16Pairs, StridedGemmReadsATransposed) {
   gemm_bf16_pairs_strided(false, M, N, P, At.data(), 1, lda, B.data(), N, C.data(), N);
   for (std::size_t m = 0; m < M; ++m) {
     for (std::size_t n = 0; n < N; ++n) {
-      double want = 0.0, magnitude = 0.0;
-      for (std::size_t p = 0; p < P; ++p) {
-        const std::uint32_t a = At[p * lda + m], b = B[p * N + n];
-        want += double(Lo(a)) * Lo(b) + double(Hi(a)) * Hi(b);
-        magnitude += std::abs(double(Lo(a)) * Lo(b)) + std::abs(double(Hi(a)) * Hi(b));
-      }
+      double magnitude;
+      const double want = PairDot(&At[m], lda, &B[n], N, P, &magnitude);
       EXPECT_NEAR(C[m * N + n], want, 4 * 6e-8 * magnitude + 1e-6) << m << ", " << n;
     }
   }
