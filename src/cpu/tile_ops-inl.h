@@ -268,20 +268,6 @@ HWY_INLINE T ExpShiftSum(T* HWY_RESTRICT x, size_t n, T shift) {
   return hn::GetLane(hn::SumOfLanes(d, sum));
 }
 
-// ExpShiftSum for a float row whose exps are rounded to bf16 next: Bf16SoftmaxExp.
-HWY_INLINE float Bf16ExpShiftSum(float* HWY_RESTRICT x, size_t n, float shift) {
-  const hn::ScalableTag<float> d;
-  const size_t L = hn::Lanes(d);
-  const auto vshift = hn::Set(d, shift);
-  auto sum = hn::Zero(d);
-  for (size_t j = 0; j < n; j += L) {
-    const auto p = Bf16SoftmaxExp(d, hn::Sub(hn::LoadU(d, x + j), vshift));
-    hn::StoreU(p, d, x + j);
-    sum = hn::Add(sum, p);
-  }
-  return hn::GetLane(hn::SumOfLanes(d, sum));
-}
-
 template <typename T>
 HWY_INLINE void ScaleRow(T* HWY_RESTRICT x, size_t n, T a) {
   const hn::ScalableTag<T> d;

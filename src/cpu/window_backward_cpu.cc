@@ -108,6 +108,13 @@ struct WindowBackwardPlan {
   T* delta(std::int64_t slot) const { return lse(slot) + ld(); }
   T* dkt(std::int64_t slot) const { return delta(slot) + ld(); }
   T* dvt(std::int64_t slot) const { return dkt(slot) + e_pad * ld(); }
+  // The planes both blocked passes read, of one head.
+  struct Planes {
+    const T *qt, *kt, *vt, *dot, *lse, *delta;
+  };
+  Planes planes(std::int64_t slot) const {
+    return {qt(slot), kt(slot), vt(slot), dot(slot), lse(slot), delta(slot)};
+  }
 };
 
 template <typename T, typename IO>
@@ -238,6 +245,32 @@ void BandTask(void* ctx, std::int64_t task, int thread) {
   }
 }
 
+// A blocked task's arrays in its thread's scratch (base null: only counts them into `elems`):
+// scores and their gradients for R = kBlockRows vectors at the window's `count` offsets, the
+// R vectors' sums over max(E_pad, Ev_pad) rows (dQ^T; dV^T, then dK^T), and three lane vectors
+// (a vector's pixel rows and columns for the border mask; the softmax scale).
+template <typename T>
+struct BlockScratch {
+  T* S;        // (R, count, L) scores, then P (pass 2: transposed)
+  T* G;        // (R, count, L) dP, then dS
+  T* acc;      // (R, rows, L)
+  T* lanes_i;  // (L,)
+  T* lanes_j;  // (L,)
+  T* scale;    // (L,)
+  size_t rows, elems;
+  BlockScratch(T* base, size_t count, size_t e_pad, size_t ev_pad, size_t L)
+      : rows(std::max(e_pad, ev_pad)) {
+    ScratchCarver<T> carve(base);
+    S = carve.take(kBlockRows * count * L);
+    G = carve.take(kBlockRows * count * L);
+    acc = carve.take(kBlockRows * rows * L);
+    lanes_i = carve.take(L);
+    lanes_j = carve.take(L);
+    scale = carve.take(L);
+    elems = carve.used();
+  }
+};
+
 // Pass 1, per block of query vectors: dQ.
 template <typename T, typename IO>
 void BlockQueryTask(void* ctx, std::int64_t task, int thread) {
@@ -250,18 +283,13 @@ void BlockQueryTask(void* ctx, std::int64_t task, int thread) {
   constexpr size_t R = kBlockRows;
   const size_t count = static_cast<size_t>(g.count), ld = plan.ld();
   const BlockWalk walk(g, task, plan.tasks_per_head, plan.group_first, p.heads);
-  ScratchCarver<T> carve(plan.scratch + static_cast<size_t>(thread) * plan.scratch_elems);
-  T* S = carve.take(R * count * L);          // (R, count, L) scores, then P
-  T* G = carve.take(R * count * L);          // (R, count, L) dP, then dS
-  T* acc = carve.take(R * plan.e_pad * L);   // (R, e_pad, L) dQ^T
-  T* lanes_i = carve.take(L);                // (L,) a vector's pixel rows
-  T* lanes_j = carve.take(L);                // (L,) and columns
-  T* scale = carve.take(L);                  // (L,) the softmax scale: dQ = scale dS K
-  hn::Store(hn::Set(d, static_cast<T>(p.scale)), d, scale);
+  const BlockScratch<T> arrays(plan.scratch + static_cast<size_t>(thread) * plan.scratch_elems,
+                               count, plan.e_pad, plan.ev_pad, L);
+  T *S = arrays.S, *G = arrays.G, *acc = arrays.acc;
+  const size_t acc_ld = arrays.rows * L;  // between the block's R vectors of dQ^T
+  hn::Store(hn::Set(d, static_cast<T>(p.scale)), d, arrays.scale);  // dQ = scale dS K
   IO* dq = static_cast<IO*>(bp.dq) + offset4(bp.dq_stride, walk.b, walk.h, 0, 0);
-  const T *qt = plan.qt(walk.slot), *kt = plan.kt(walk.slot), *vt = plan.vt(walk.slot);
-  const T *dot = plan.dot(walk.slot), *lse = plan.lse(walk.slot);
-  const T* delta = plan.delta(walk.slot);
+  const auto [qt, kt, vt, dot, lse, delta] = plan.planes(walk.slot);
   for (std::int64_t a = walk.a_begin, v0; (v0 = walk.first(a)) >= 0; ++a) {
     const size_t col = static_cast<size_t>(g.margin + v0 * walk.L);
     // Vectors past the last query read the zero margins; their rows are not stored.
@@ -272,7 +300,7 @@ void BlockQueryTask(void* ctx, std::int64_t task, int thread) {
       if (q0 >= p.len_q) break;
       T* Sk = S + k * count * L;
       T* Gk = G + k * count * L;
-      MaskBlockVector(d, g, q0, Sk, lanes_i, lanes_j, false);
+      MaskBlockVector(d, g, q0, Sk, arrays.lanes_i, arrays.lanes_j, false);
       // Masked scores are -inf and the lse is +inf for lanes that saw no key: exp gives 0
       // either way, never exp(-inf + inf).
       const size_t ck = col + static_cast<size_t>(k) * static_cast<size_t>(g.block_stride);
@@ -283,13 +311,13 @@ void BlockQueryTask(void* ctx, std::int64_t task, int thread) {
       }
     }
     for (size_t e0 = 0; e0 < plan.e_pad; e0 += 4) {
-      BlockCombine(d, g, G, kt + e0 * ld + col, acc + e0 * L, plan.e_pad * L);
+      BlockCombine(d, g, G, kt + e0 * ld + col, acc + e0 * L, acc_ld);
     }
     for (size_t k = 0; k < R; ++k) {
       const std::int64_t q0 = walk.position(v0, k);
       if (q0 >= p.len_q) break;
-      StoreLanes(d, acc + k * plan.e_pad * L, static_cast<size_t>(p.dim_qk),
-                 std::min<size_t>(L, static_cast<size_t>(p.len_q - q0)), scale, dq, q0,
+      StoreLanes(d, acc + k * acc_ld, static_cast<size_t>(p.dim_qk),
+                 std::min<size_t>(L, static_cast<size_t>(p.len_q - q0)), arrays.scale, dq, q0,
                  bp.dq_stride[2], bp.dq_stride[3]);
     }
   }
@@ -307,19 +335,15 @@ void BlockKeyTask(void* ctx, std::int64_t task, int thread) {
   const size_t L = hn::Lanes(d);
   constexpr size_t R = kBlockRows;
   const size_t count = static_cast<size_t>(gt.count), ld = plan.ld();
-  const size_t rows = std::max(plan.e_pad, plan.ev_pad);
   const BlockWalk walk(gt, task, plan.tasks_per_head, plan.group_first, p.heads);
-  ScratchCarver<T> carve(plan.scratch + static_cast<size_t>(thread) * plan.scratch_elems);
-  T* S = carve.take(R * count * L);     // (R, count, L) scores S^T, then P^T
-  T* G = carve.take(R * count * L);     // (R, count, L) dP^T, then dS^T
-  T* acc = carve.take(R * rows * L);    // (R, rows, L) dV^T, then dK^T
-  T* lanes_i = carve.take(L);           // (L,) a vector's pixel rows
-  T* lanes_j = carve.take(L);           // (L,) and columns
+  const BlockScratch<T> arrays(plan.scratch + static_cast<size_t>(thread) * plan.scratch_elems,
+                               count, plan.e_pad, plan.ev_pad, L);
+  // S^T then P^T, dP^T then dS^T, dV^T then dK^T.
+  T *S = arrays.S, *G = arrays.G, *acc = arrays.acc;
+  const size_t rows = arrays.rows;
   IO* dk = static_cast<IO*>(bp.dk) + offset4(bp.dk_stride, walk.b, walk.h, 0, 0);
   IO* dv = static_cast<IO*>(bp.dv) + offset4(bp.dv_stride, walk.b, walk.h, 0, 0);
-  const T *qt = plan.qt(walk.slot), *kt = plan.kt(walk.slot), *vt = plan.vt(walk.slot);
-  const T *dot = plan.dot(walk.slot), *lse = plan.lse(walk.slot);
-  const T* delta = plan.delta(walk.slot);
+  const auto [qt, kt, vt, dot, lse, delta] = plan.planes(walk.slot);
   const std::int64_t rs = gt.block_stride;
   for (std::int64_t a = walk.a_begin, v0; (v0 = walk.first(a)) >= 0; ++a) {
     const size_t col = static_cast<size_t>(gt.margin + v0 * walk.L);
@@ -330,7 +354,7 @@ void BlockKeyTask(void* ctx, std::int64_t task, int thread) {
       if (k0 >= p.len_k) break;
       T* Sk = S + k * count * L;
       T* Gk = G + k * count * L;
-      MaskBlockVector(d, gt, k0, Sk, lanes_i, lanes_j, false);
+      MaskBlockVector(d, gt, k0, Sk, arrays.lanes_i, arrays.lanes_j, false);
       // Each offset's queries have their own lse and D: shifted loads, as their Q^T rows.
       const T* lse_k = lse + col + static_cast<size_t>(static_cast<std::int64_t>(k) * rs);
       const T* delta_k = delta + col + static_cast<size_t>(static_cast<std::int64_t>(k) * rs);
@@ -463,9 +487,7 @@ Status WindowBackward(const AttentionBackwardParams& bp, const Host& host) {
   const size_t count = static_cast<size_t>(g.count);
   plan.scratch_elems =
       plan.blocked
-          ? 2 * ScratchCarver<T>::padded(kBlockRows * count * lanes) +
-                ScratchCarver<T>::padded(kBlockRows * std::max(plan.e_pad, plan.ev_pad) * lanes) +
-                3 * ScratchCarver<T>::padded(lanes)
+          ? BlockScratch<T>(nullptr, count, plan.e_pad, plan.ev_pad, lanes).elems
           : 2 * ScratchCarver<T>::padded(kOffsetChunk * lanes) +
                 ScratchCarver<T>::padded(plan.e_pad * lanes) + 2 * ScratchCarver<T>::padded(lanes);
   // The packing tasks' O^T chunk.
