@@ -67,13 +67,16 @@ def time_training_step(fn: Callable[..., torch.Tensor], inputs: list[torch.Tenso
 
 
 def time_training_steps(fns: list[Callable[..., torch.Tensor]], inputs: list[torch.Tensor],
-                        reps: int, per_fn_inputs: Optional[list[list[torch.Tensor]]] = None
-                        ) -> list[dict]:
+                        reps: int, per_fn_inputs: Optional[list[list[torch.Tensor]]] = None,
+                        min_seconds: float = 0.0) -> list[dict]:
     """time_training_step of each of fns, their runs interleaved (rep 1 of every fn, then rep 2,
     ...): the development VM's speed drifts by up to 30% over seconds to minutes, and a ratio
     of two implementations timed minutes apart carries that drift, where interleaved runs
     share it. per_fn_inputs, if given, holds each fn's own inputs (e.g. fp32 and bf16 copies)
-    in place of the shared `inputs`."""
+    in place of the shared `inputs`. Reps go on past `reps` until the timed loop has run
+    `min_seconds`: a slow phase of the VM (seconds, one vCPU taken) then covers a minority of
+    the reps of a short case instead of all of them. Each result keeps its per-rep times
+    (forward_runs_s, backward_runs_s) for paired_speedup."""
     if per_fn_inputs is not None and len(per_fn_inputs) != len(fns):
         raise ValueError(f"time_training_steps: per_fn_inputs has {len(per_fn_inputs)} lists for "
                          f"{len(fns)} functions")
@@ -86,7 +89,10 @@ def time_training_steps(fns: list[Callable[..., torch.Tensor]], inputs: list[tor
         out.backward(grads[-1])  # warm-up (and the refusal, if any)
     fwd: list[list[float]] = [[] for _ in fns]
     bwd: list[list[float]] = [[] for _ in fns]
-    for _ in range(reps):
+    start = time.perf_counter()
+    rep = 0
+    while rep < reps or time.perf_counter() - start < min_seconds:
+        rep += 1
         for i, fn in enumerate(fns):
             t0 = time.perf_counter()
             out = fn(*leaves[i])
@@ -96,8 +102,20 @@ def time_training_steps(fns: list[Callable[..., torch.Tensor]], inputs: list[tor
             fwd[i].append(t1 - t0)
             bwd[i].append(t2 - t1)
     return [{"forward_s": statistics.median(f), "backward_s": statistics.median(b),
-             "fwd_bwd_s": statistics.median([x + y for x, y in zip(f, b)])}
+             "fwd_bwd_s": statistics.median([x + y for x, y in zip(f, b)]),
+             "forward_runs_s": f, "backward_runs_s": b}
             for f, b in zip(fwd, bwd)]
+
+
+def paired_speedup(slow: dict, fast: dict, key: str) -> float:
+    """The median over reps of slow's time / fast's time in the same rep, for two results of
+    one time_training_steps call (key: "forward" or "backward"). Each pair ran seconds apart at
+    most and shares the VM's speed of the moment; the ratio of the two medians mixes reps from
+    different moments."""
+    a, b = slow[f"{key}_runs_s"], fast[f"{key}_runs_s"]
+    if len(a) != len(b):
+        raise ValueError(f"paired_speedup: {len(a)} and {len(b)} runs are not paired")
+    return statistics.median(x / y for x, y in zip(a, b))
 
 
 def _add_rates(r: dict, case: Case) -> dict:
@@ -107,6 +125,10 @@ def _add_rates(r: dict, case: Case) -> dict:
     r["backward_gflops"] = 2.5 * fl / r["backward_s"] / 1e9
     return r
 
+
+# attn2d's interleaved pairs (fp32 / bf16, 1 / all threads) whose ratios are targets run at least
+# this long: a 64x64 SAGAN step takes 10 ms, and 7 reps of it fit inside one slow phase of the VM.
+PAIRED_SECONDS = 4.0
 
 ACCURACY_ROWS = 256  # query rows checked against float64 (rows are independent)
 
@@ -126,7 +148,7 @@ def bf16_accuracy(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
 
 
 def run_case(case: Case, reps: int, peers: list[str], with_memory: bool,
-             thread_scaling: bool = False) -> dict:
+             thread_scaling: bool = False, paired_seconds: float = PAIRED_SECONDS) -> dict:
     import attn2d
 
     gen = torch.Generator().manual_seed(0)
@@ -145,7 +167,9 @@ def run_case(case: Case, reps: int, peers: list[str], with_memory: bool,
     # runs of one build).
     ours_fp32, ours_bf16 = time_training_steps(
         [lambda *t, f=impls[name][0]: f(*t, scale) for name in ("attn2d", "attn2d-bf16")], [], reps,
-        per_fn_inputs=[impls["attn2d"][1], impls["attn2d-bf16"][1]])
+        per_fn_inputs=[impls["attn2d"][1], impls["attn2d-bf16"][1]], min_seconds=paired_seconds)
+    ours_bf16["bf16_speedup_forward"] = paired_speedup(ours_fp32, ours_bf16, "forward")
+    ours_bf16["bf16_speedup_backward"] = paired_speedup(ours_fp32, ours_bf16, "backward")
     timed = {"attn2d": ours_fp32, "attn2d-bf16": ours_bf16}
     results = {}
     for name, (fn, inputs) in impls.items():
@@ -179,11 +203,12 @@ def run_case(case: Case, reps: int, peers: list[str], with_memory: bool,
             return fn
 
         try:
-            many, one = time_training_steps([on_threads(threads), on_threads(1)], fp32, reps)
+            many, one = time_training_steps([on_threads(threads), on_threads(1)], fp32, reps,
+                                            min_seconds=paired_seconds)
         finally:
             torch.set_num_threads(threads)
-        one["attn2d_scaling_forward"] = one["forward_s"] / many["forward_s"]
-        one["attn2d_scaling_backward"] = one["backward_s"] / many["backward_s"]
+        one["attn2d_scaling_forward"] = paired_speedup(one, many, "forward")
+        one["attn2d_scaling_backward"] = paired_speedup(one, many, "backward")
         results["attn2d-1thread"] = _add_rates(one, case)
     ours = results["attn2d"]
     for name, r in results.items():
@@ -222,10 +247,12 @@ def _markdown(report: dict) -> str:
                 f"{r['forward_gflops']:.1f} ({100 * r['forward_gflops'] / peak:.0f}%) | "
                 f"{r['backward_gflops']:.1f} | {ratio} | {mem} |"
             )
-    lines += ["", "attn2d's own variants: bf16 speed = fp32 time / bf16 time (the 1.5x target); "
-              "error of the first 256 output rows against float64 on the same bf16 inputs vs "
-              "naive bf16 attention's (the 2x rule); thread scaling = 1-thread time / "
-              f"{report['threads']}-thread time, the two interleaved rep by rep.", "",
+    lines += ["", "attn2d's own variants, each pair interleaved rep by rep for at least "
+              f"{report['paired_seconds']:g} s, its ratio the median over reps of the two "
+              "times of one rep: bf16 speed = fp32 time / bf16 time (the 1.5x target); error of the first "
+              "256 output rows against float64 on the same bf16 inputs vs naive bf16 "
+              "attention's (the 2x rule); thread scaling = 1-thread time / "
+              f"{report['threads']}-thread time.", "",
               "| case | bf16 speed fwd / bwd | bf16 error / naive bf16 error | "
               "thread scaling fwd / bwd |", "|---|---|---|---|"]
     for c in report["cases"]:
@@ -238,8 +265,8 @@ def _markdown(report: dict) -> str:
         scaling = (f"{one['attn2d_scaling_forward']:.2f} / {one['attn2d_scaling_backward']:.2f}"
                    if one else "not measured")
         lines.append(
-            f"| {c['case']['name']} | {fp32['forward_s'] / b['forward_s']:.2f} / "
-            f"{fp32['backward_s'] / b['backward_s']:.2f} | {acc['error']:.2e} / "
+            f"| {c['case']['name']} | {b['bf16_speedup_forward']:.2f} / "
+            f"{b['bf16_speedup_backward']:.2f} | {acc['error']:.2e} / "
             f"{acc['naive_bf16_error']:.2e} ({'ok' if acc['within_2x_rule'] else 'FAILS'}) | "
             f"{scaling} |")
     return "\n".join(lines) + "\n"
@@ -273,13 +300,16 @@ def _plot(report: dict, path: str) -> None:
 
 def run(out_dir: str = "attn2d-report", *, cases: Optional[list[Case]] = None, reps: int = 5,
         peers: Optional[list[str]] = None, with_memory: bool = True,
-        thread_scaling: bool = False, log: Callable[[str], None] = print) -> dict:
+        thread_scaling: bool = False, paired_seconds: float = PAIRED_SECONDS,
+        log: Callable[[str], None] = print) -> dict:
     import platform
 
     import attn2d
 
     if reps < 1:
         raise ValueError(f"attn2d bench: reps must be >= 1; got {reps}")
+    if not paired_seconds >= 0:
+        raise ValueError(f"attn2d bench: paired_seconds must be >= 0; got {paired_seconds}")
     cases = default_cases() if cases is None else cases
     peers = list(PEERS) if peers is None else peers
     unknown = [p for p in peers if p not in PEERS]
@@ -294,13 +324,15 @@ def run(out_dir: str = "attn2d-report", *, cases: Optional[list[Case]] = None, r
         "threads": torch.get_num_threads(),
         "fma_peak_gflops": peak,
         "reps": reps,
+        "paired_seconds": paired_seconds,
         "peers": peers,
         "cases": [],
     }
     log(f"FMA peak: {peak:.0f} GFLOP/s on {torch.get_num_threads()} threads")
     for i, case in enumerate(cases, 1):
         log(f"[{i}/{len(cases)}] {case.name} ...")
-        report["cases"].append(run_case(case, reps, peers, with_memory, thread_scaling))
+        report["cases"].append(run_case(case, reps, peers, with_memory, thread_scaling,
+                                        paired_seconds))
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "bench.json"), "w") as f:
         json.dump(report, f, indent=2)

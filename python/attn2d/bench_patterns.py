@@ -21,7 +21,7 @@ from typing import Callable, Optional
 import torch
 
 from . import _layout
-from .bench import time_training_step, time_training_steps
+from .bench import paired_speedup, time_training_step, time_training_steps
 from .memory import format_bytes, measure
 from . import patterns as P
 from .patterns import YLG, Window
@@ -198,8 +198,10 @@ def run_case(case: PatternCase, reps: int, with_memory: bool, with_flex: bool,
         "ns_per_allowed_pair_bwd": 1e9 * ours["backward_s"] / allowed,
         "ns_per_pair_global_bwd": 1e9 * glob["backward_s"] / (B * H * n * m),
     }
-    summary["per_pair_ratio_fwd"] = summary["ns_per_allowed_pair_fwd"] / summary["ns_per_pair_global_fwd"]
-    summary["per_pair_ratio_bwd"] = summary["ns_per_allowed_pair_bwd"] / summary["ns_per_pair_global_bwd"]
+    # Per-pair ratios from each rep's pair of runs (bench.paired_speedup), as the dense bench's.
+    pairs_over_allowed = summary["global_pairs"] / allowed
+    summary["per_pair_ratio_fwd"] = paired_speedup(ours, glob, "forward") * pairs_over_allowed
+    summary["per_pair_ratio_bwd"] = paired_speedup(ours, glob, "backward") * pairs_over_allowed
     if "forward_s" in results.get("flex-forward", {}):
         summary["flex_over_attn2d_fwd"] = results["flex-forward"]["forward_s"] / ours["forward_s"]
     if with_memory:

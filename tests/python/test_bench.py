@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 import torch
@@ -27,14 +28,18 @@ def test_side_by_side_report(tmp_path):
     case = bench.Case("small E=8 Ev=16", 1, 2, 256, 192, 8, 16)
     threads_before = torch.get_num_threads()
     report = bench.run(str(tmp_path), cases=[case], reps=2, peers=["unfused", "sdpa-flash"],
-                       with_memory=True, thread_scaling=True, log=lambda line: None)
+                       with_memory=True, thread_scaling=True, paired_seconds=0.0,
+                       log=lambda line: None)
     results = report["cases"][0]["results"]
     bf16 = results["attn2d-bf16"]
     assert bf16["forward_s"] > 0 and bf16["peak_bytes"] > 0
     acc = bf16["accuracy"]
     assert acc["within_2x_rule"] and 0 < acc["error"] <= 2 * acc["naive_bf16_error"]
     assert results["attn2d-1thread"]["fwd_bwd_s"] > 0
-    assert results["attn2d-1thread"]["attn2d_scaling_forward"] > 0
+    one = results["attn2d-1thread"]
+    assert one["attn2d_scaling_forward"] > 0 and len(one["forward_runs_s"]) == 2
+    assert bf16["bf16_speedup_backward"] == pytest.approx(
+        bench.paired_speedup(results["attn2d"], bf16, "backward"))
     assert torch.get_num_threads() == threads_before  # the interleaved 1-thread runs restore it
     ours, peer = results["attn2d"], results["unfused"]
     for key in ("forward_s", "backward_s", "fwd_bwd_s", "forward_gflops", "peak_bytes"):
@@ -52,6 +57,10 @@ def test_side_by_side_report(tmp_path):
 def test_bad_arguments_are_clear_errors(capsys):
     assert cli_main(["bench", "--reps", "0", "--quick", "--no-memory"]) == 2
     assert "reps" in capsys.readouterr().err
+    assert cli_main(["bench", "--paired-seconds", "-1", "--quick", "--no-memory"]) == 2
+    assert "paired_seconds" in capsys.readouterr().err
+    assert cli_main(["bench", "--patterns", "--paired-seconds", "1", "--no-memory"]) == 2
+    assert "--paired-seconds" in capsys.readouterr().err
     assert cli_main(["bench", "--cases", "no such case", "--no-memory"]) == 2
     assert "matches no case" in capsys.readouterr().err
     with pytest.raises(ValueError, match="unknown peers"):
@@ -75,6 +84,32 @@ def test_interleaved_training_steps_alternate_and_time_each():
     for r in results:
         assert r["forward_s"] > 0 and r["backward_s"] > 0
         assert r["fwd_bwd_s"] >= max(r["forward_s"], r["backward_s"]) * 0.5
+
+
+def test_interleaved_training_steps_run_at_least_min_seconds():
+    calls = []
+
+    def slow(x):
+        calls.append(1)
+        time.sleep(0.01)
+        return x * 2.0
+
+    results = bench.time_training_steps([slow, slow], [torch.randn(3)], reps=2, min_seconds=0.3)
+    # 0.3 s of pairs of >= 10 ms steps: more than the 2 reps asked for, fewer than 16.
+    reps = len(results[0]["forward_runs_s"])
+    assert 2 < reps < 16 and len(results[1]["forward_runs_s"]) == reps
+    assert len(calls) == 2 * (reps + 1)
+
+
+def test_paired_speedup_is_the_median_of_per_rep_ratios():
+    # Rep 3 is a slow phase for both: the per-rep ratios are 2, 2, 2 (the ratio of the medians
+    # would be 2 as well here); rep 2 is slow for `fast` only, an outlier the median drops.
+    slow = {"forward_runs_s": [2.0, 2.0, 8.0, 2.0], "backward_runs_s": [1.0, 1.0, 1.0, 1.0]}
+    fast = {"forward_runs_s": [1.0, 1.0, 4.0, 1.0], "backward_runs_s": [0.5, 2.0, 0.5, 0.5]}
+    assert bench.paired_speedup(slow, fast, "forward") == 2.0
+    assert bench.paired_speedup(slow, fast, "backward") == 2.0
+    with pytest.raises(ValueError, match="not paired"):
+        bench.paired_speedup(slow, {"forward_runs_s": [1.0]}, "forward")
 
 
 def test_interleaved_training_steps_take_each_functions_own_inputs():
