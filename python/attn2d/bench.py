@@ -225,8 +225,9 @@ def _markdown(report: dict) -> str:
         "# attn2d bench",
         "",
         f"{report['machine']}; FMA peak measured {peak:.0f} GFLOP/s (float32, "
-        f"{report['threads']} threads). Times are medians of {report['reps']} runs after a "
-        "warm-up; 'x attn2d' is the peer's time over attn2d's (above 1: attn2d is faster).",
+        f"{report['threads']} threads, the best of 10 probes). Times are medians of at least "
+        f"{report['reps']} runs after a warm-up; 'x attn2d' is the peer's time over attn2d's "
+        "(above 1: attn2d is faster).",
         "",
         "| case | implementation | forward | backward | fwd+bwd | fwd GFLOP/s (% peak) | "
         "bwd GFLOP/s | x attn2d fwd / bwd | peak memory |",
@@ -315,9 +316,11 @@ def run(out_dir: str = "attn2d-report", *, cases: Optional[list[Case]] = None, r
     unknown = [p for p in peers if p not in PEERS]
     if unknown:
         raise ValueError(f"attn2d bench: unknown peers {unknown}; choose from {list(PEERS)}")
-    # The best of 5 probes: a peak, and the VM's other vCPU is at times taken for seconds (one
-    # 0.3 s probe read 245 GFLOP/s where the machine runs 450).
-    peak = max(float(torch.ops.attn2d.fma_peak_gflops(0.2)) for _ in range(5))
+    # The best of 5 probes before the cases and 5 after: a peak, and the VM's other vCPU is at
+    # times taken for seconds (one 0.3 s probe read 245 GFLOP/s where the machine runs 450; once
+    # all 5 probes at the start read 331).
+    probes = [float(torch.ops.attn2d.fma_peak_gflops(0.2)) for _ in range(5)]
+    peak = max(probes)
     report = {
         "machine": f"{platform.processor() or platform.machine()}, attn2d on "
                    f"{attn2d.cpu_simd_target()}, torch {torch.__version__}",
@@ -333,6 +336,10 @@ def run(out_dir: str = "attn2d-report", *, cases: Optional[list[Case]] = None, r
         log(f"[{i}/{len(cases)}] {case.name} ...")
         report["cases"].append(run_case(case, reps, peers, with_memory, thread_scaling,
                                         paired_seconds))
+    probes += [float(torch.ops.attn2d.fma_peak_gflops(0.2)) for _ in range(5)]
+    report["fma_peak_gflops"] = max(probes)
+    report["fma_peak_probes_gflops"] = probes
+    log(f"FMA peak: {max(probes):.0f} GFLOP/s, the best of 5 probes before the cases and 5 after")
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "bench.json"), "w") as f:
         json.dump(report, f, indent=2)
