@@ -50,7 +50,7 @@ struct ForwardPlan {
   // rounded to bf16 once, as naive bf16 attention rounds it.
   bool native_bf16 = false;
 
-  // Dense attention with more than one query tile a head: each thread keeps every packed K^T
+  // More than one query tile a head (dense or sparse): each thread keeps every packed K^T
   // and V tile of the head it last worked on, so the next query tiles of that head (the
   // binding's threads take contiguous runs of tasks) skip the packing, which re-ran for every
   // query tile and took ~7% of the bf16 ViT-B N=1024 forward. Off (0) where a head's tiles
@@ -61,6 +61,12 @@ struct ForwardPlan {
     std::int64_t tiles = 0;   // how many of its key tiles (from the first) are packed
   };
   PackedHead* packed = nullptr;  // (threads,)
+  // Sparse layouts visit their key tiles in no set order, and one key tile is visited by many
+  // query tiles (YLG's repetitive columns: all of them), each visit gathering its scattered key
+  // rows again. So a sparse layout's thread cache marks each tile it holds: (threads,
+  // cached_kv_tiles) flags, 1 where the slot holds that key tile (local to the head's layout)
+  // of packed[thread].slice.
+  std::uint8_t* sparse_packed = nullptr;
 
   struct Arrays {
     T *q, *kt, *v, *s, *acc, *m, *l;
@@ -282,11 +288,26 @@ void SparseForwardTask(void* ctx, std::int64_t task, int thread) {
   }
   const auto a = plan.thread_arrays(thread);
   StartQueryTile<T, IO>(p, plan, b, h, rows, a);
+  const size_t cached = static_cast<size_t>(plan.cached_kv_tiles);
+  std::uint8_t* held = cached > 0 ? plan.sparse_packed + static_cast<size_t>(thread) * cached
+                                  : nullptr;
+  if (held != nullptr && plan.packed[thread].slice != b * p.heads + h) {
+    plan.packed[thread].slice = b * p.heads + h;
+    std::fill(held, held + cached, std::uint8_t{0});
+  }
+  const std::int64_t first_tile = lay.k_tile_begin[lay.head_layout[h]];
   for (std::int64_t visit = lay.fwd_begin[g]; visit < lay.fwd_begin[g + 1]; ++visit) {
     const Rows keys = LayoutTileRows(lay, lay.fwd_k_tile[visit], /*query=*/false);
     const std::uint64_t* words = MaskWords(lay, lay.fwd_mask[visit]);
-    VisitKeyTile<T, IO>(p, plan, b, h, rows.count, keys, a, a.kt, a.v, /*pack=*/true,
-                        [&](T* S, size_t cols_pad) {
+    size_t slot = 0;
+    bool pack = true;
+    if (held != nullptr) {
+      slot = static_cast<size_t>(lay.fwd_k_tile[visit] - first_tile);
+      pack = held[slot] == 0;
+      held[slot] = 1;
+    }
+    VisitKeyTile<T, IO>(p, plan, b, h, rows.count, keys, a, a.kt + slot * plan.kt_elems(),
+                        a.v + slot * plan.v_elems(), pack, [&](T* S, size_t cols_pad) {
                           MaskTileBits(S, ld_s, rows.count, keys.count, cols_pad, words);
                         });
   }
@@ -313,16 +334,24 @@ Status Forward(const AttentionParams& p, const Host& host) {
   plan.ld_v = plan.dim_v_pad + L;
   const int threads = std::max(host.num_threads, 1);
   std::vector<typename ForwardPlan<T>::PackedHead> packed(static_cast<size_t>(threads));
-  if (p.layout == nullptr && plan.q_tiles > 1) {
+  std::vector<std::uint8_t> sparse_packed;
+  if (plan.q_tiles > 1) {
     // 4 MiB a thread: every key tile of a ViT-B head (d = 64, 148 KiB a tile of 256 keys in
-    // float32) up to 6912 keys.
+    // float32) up to 6912 keys; of a YLG head at E = Ev = 16 (13 KiB a tile of 64 keys) up to
+    // 20160 keys.
     constexpr size_t kKvCacheBytes = size_t{4} << 20;
-    const std::int64_t k_tiles = (p.len_k + plan.tiles.block_k - 1) / plan.tiles.block_k;
+    const std::int64_t k_tiles =
+        p.layout != nullptr ? MostLayoutTiles(*p.layout, /*query=*/false)
+                            : (p.len_k + plan.tiles.block_k - 1) / plan.tiles.block_k;
     const size_t head_bytes =
         static_cast<size_t>(k_tiles) * (plan.kt_elems() + plan.v_elems()) * sizeof(T);
-    if (head_bytes <= kKvCacheBytes) {
+    if (k_tiles > 0 && head_bytes <= kKvCacheBytes) {
       plan.cached_kv_tiles = k_tiles;
       plan.packed = packed.data();
+      if (p.layout != nullptr) {
+        sparse_packed.assign(static_cast<size_t>(threads * k_tiles), std::uint8_t{0});
+        plan.sparse_packed = sparse_packed.data();
+      }
     }
   }
 #if defined(ATTN2D_NATIVE_BF16)

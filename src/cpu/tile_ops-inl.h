@@ -337,6 +337,7 @@ HWY_INLINE void PackRows(const IO* HWY_RESTRICT base, const Rows& rows, std::int
       for (size_t r = 0; r < n; ++r) dst[r * ld + c] = alpha * Load<T>(s[rows[r] * rs]);
     }
   } else {
+    for (size_t r = 0; r < n; ++r) __builtin_prefetch(base + rows[r] * rs);
     for (size_t r = 0; r < n; ++r) {
       const IO* s = base + rows[r] * rs;
       if (cs == 1) {
