@@ -101,6 +101,21 @@ def test_interleaved_training_steps_run_at_least_min_seconds():
     assert len(calls) == 2 * (reps + 1)
 
 
+def test_timed_steps_run_without_the_cyclic_collector_and_restore_it():
+    import gc
+
+    seen = []
+
+    def record(x):
+        seen.append(gc.isenabled())
+        return x * 2.0
+
+    assert gc.isenabled()
+    bench.time_training_steps([record], [torch.randn(3)], reps=2)
+    assert seen == [True, False, False]  # the warm-up, then the timed reps
+    assert gc.isenabled()
+
+
 def test_paired_speedup_is_the_median_of_per_rep_ratios():
     # Rep 3 is a slow phase for both: the per-rep ratios are 2, 2, 2 (the ratio of the medians
     # would be 2 as well here); rep 2 is slow for `fast` only, an outlier the median drops.
