@@ -163,6 +163,14 @@ def _train_gan(parser, args) -> int:
             dataclasses.replace(cfg, variant=v).check()
         train.run(cfg, variants, subprocesses=not args.in_process,
                   reference=not args.no_reference)
+        if distributed:
+            # Both ranks finish their collectives before either tears gloo down: without it, a
+            # rank aborted in teardown ("terminate called without an active exception",
+            # SIGABRT) in a fresh-clone CI run of the torchrun test, as test_ddp.py's workers
+            # did before they took the same barrier.
+            import torch.distributed as dist
+
+            dist.barrier()
     except (ValueError, FileNotFoundError) as err:
         return fail(str(err))
     finally:
