@@ -53,20 +53,38 @@ struct ForwardPlan {
   // More than one query tile a head (dense or sparse): each thread keeps every packed K^T
   // and V tile of the head it last worked on, so the next query tiles of that head (the
   // binding's threads take contiguous runs of tasks) skip the packing, which re-ran for every
-  // query tile and took ~7% of the bf16 ViT-B N=1024 forward. Off (0) where a head's tiles
-  // exceed kKvCacheBytes a thread.
+  // query tile and took ~7% of the bf16 ViT-B N=1024 forward; a sparse layout's key tile is
+  // visited by many query tiles (YLG's repetitive columns: all of them), in no set order, each
+  // visit gathering its scattered rows again. Off (0) where a head's tiles exceed
+  // kKvCacheBytes a thread.
   std::int64_t cached_kv_tiles = 0;
-  struct PackedHead {
-    std::int64_t slice = -1;  // b * heads + h of the tiles in the thread's arrays
-    std::int64_t tiles = 0;   // how many of its key tiles (from the first) are packed
-  };
-  PackedHead* packed = nullptr;  // (threads,)
-  // Sparse layouts visit their key tiles in no set order, and one key tile is visited by many
-  // query tiles (YLG's repetitive columns: all of them), each visit gathering its scattered key
-  // rows again. So a sparse layout's thread cache marks each tile it holds: (threads,
-  // cached_kv_tiles) flags, 1 where the slot holds that key tile (local to the head's layout)
-  // of packed[thread].slice.
-  std::uint8_t* sparse_packed = nullptr;
+  std::int64_t* held_slice = nullptr;  // (threads,) b * heads + h of the thread's tiles, or -1
+  std::uint8_t* held = nullptr;  // (threads, cached_kv_tiles): 1 where the slot holds that tile
+
+  // The thread's flags for slice `slice` (cleared when the thread moves to another slice), or
+  // null when the cache is off.
+  std::uint8_t* held_tiles(int thread, std::int64_t slice) const {
+    if (cached_kv_tiles == 0) return nullptr;
+    const size_t n = static_cast<size_t>(cached_kv_tiles);
+    std::uint8_t* flags = held + static_cast<size_t>(thread) * n;
+    if (held_slice[thread] != slice) {
+      held_slice[thread] = slice;
+      std::fill(flags, flags + n, std::uint8_t{0});
+    }
+    return flags;
+  }
+  // Where key tile `tile` (local to the head) goes: its cache slot and whether it must be packed
+  // there first (marking it held); slot 0, always packed, when the cache is off.
+  size_t slot_of(std::uint8_t* flags, std::int64_t tile, bool* pack) const {
+    if (flags == nullptr) {
+      *pack = true;
+      return 0;
+    }
+    const size_t slot = static_cast<size_t>(tile);
+    *pack = flags[slot] == 0;
+    flags[slot] = 1;
+    return slot;
+  }
 
   struct Arrays {
     T *q, *kt, *v, *s, *acc, *m, *l;
@@ -256,19 +274,15 @@ void ForwardTask(void* ctx, std::int64_t task, int thread) {
   const std::int64_t key_end =
       p.is_causal ? std::min<std::int64_t>(p.len_k, i0 + static_cast<std::int64_t>(rows.count))
                   : p.len_k;
-  typename ForwardPlan<T>::PackedHead unused, &packed =
-      plan.cached_kv_tiles > 0 ? plan.packed[thread] : unused;
-  if (packed.slice != bh) packed = {bh, 0};
+  std::uint8_t* held = plan.held_tiles(thread, bh);
   for (std::int64_t j0 = 0; j0 < key_end; j0 += plan.tiles.block_k) {
     const Rows keys{nullptr, j0, static_cast<size_t>(std::min(plan.tiles.block_k, p.len_k - j0))};
-    const std::int64_t tile = j0 / plan.tiles.block_k;
-    const size_t slot = plan.cached_kv_tiles > 0 ? static_cast<size_t>(tile) : 0;
-    const bool pack = plan.cached_kv_tiles == 0 || tile >= packed.tiles;
+    bool pack;
+    const size_t slot = plan.slot_of(held, j0 / plan.tiles.block_k, &pack);
     VisitKeyTile<T, IO>(p, plan, b, h, rows.count, keys, a, a.kt + slot * plan.kt_elems(),
                         a.v + slot * plan.v_elems(), pack, [&](T* S, size_t cols_pad) {
                           MaskTile(S, ld_s, rows.count, keys.count, cols_pad, i0, j0, mask);
                         });
-    if (pack) packed.tiles = tile + 1;
   }
   FinishQueryTile<T, IO>(p, plan, b, h, rows, a);
 }
@@ -288,24 +302,13 @@ void SparseForwardTask(void* ctx, std::int64_t task, int thread) {
   }
   const auto a = plan.thread_arrays(thread);
   StartQueryTile<T, IO>(p, plan, b, h, rows, a);
-  const size_t cached = static_cast<size_t>(plan.cached_kv_tiles);
-  std::uint8_t* held = cached > 0 ? plan.sparse_packed + static_cast<size_t>(thread) * cached
-                                  : nullptr;
-  if (held != nullptr && plan.packed[thread].slice != b * p.heads + h) {
-    plan.packed[thread].slice = b * p.heads + h;
-    std::fill(held, held + cached, std::uint8_t{0});
-  }
+  std::uint8_t* held = plan.held_tiles(thread, b * p.heads + h);
   const std::int64_t first_tile = lay.k_tile_begin[lay.head_layout[h]];
   for (std::int64_t visit = lay.fwd_begin[g]; visit < lay.fwd_begin[g + 1]; ++visit) {
     const Rows keys = LayoutTileRows(lay, lay.fwd_k_tile[visit], /*query=*/false);
     const std::uint64_t* words = MaskWords(lay, lay.fwd_mask[visit]);
-    size_t slot = 0;
-    bool pack = true;
-    if (held != nullptr) {
-      slot = static_cast<size_t>(lay.fwd_k_tile[visit] - first_tile);
-      pack = held[slot] == 0;
-      held[slot] = 1;
-    }
+    bool pack;
+    const size_t slot = plan.slot_of(held, lay.fwd_k_tile[visit] - first_tile, &pack);
     VisitKeyTile<T, IO>(p, plan, b, h, rows.count, keys, a, a.kt + slot * plan.kt_elems(),
                         a.v + slot * plan.v_elems(), pack, [&](T* S, size_t cols_pad) {
                           MaskTileBits(S, ld_s, rows.count, keys.count, cols_pad, words);
@@ -333,8 +336,8 @@ Status Forward(const AttentionParams& p, const Host& host) {
   plan.ld_kt = plan.ld_s = static_cast<size_t>(plan.tiles.block_k) + L;
   plan.ld_v = plan.dim_v_pad + L;
   const int threads = std::max(host.num_threads, 1);
-  std::vector<typename ForwardPlan<T>::PackedHead> packed(static_cast<size_t>(threads));
-  std::vector<std::uint8_t> sparse_packed;
+  std::vector<std::int64_t> held_slice(static_cast<size_t>(threads), -1);
+  std::vector<std::uint8_t> held;
   if (plan.q_tiles > 1) {
     // 4 MiB a thread: every key tile of a ViT-B head (d = 64, 148 KiB a tile of 256 keys in
     // float32) up to 6912 keys; of a YLG head at E = Ev = 16 (13 KiB a tile of 64 keys) up to
@@ -347,11 +350,9 @@ Status Forward(const AttentionParams& p, const Host& host) {
         static_cast<size_t>(k_tiles) * (plan.kt_elems() + plan.v_elems()) * sizeof(T);
     if (k_tiles > 0 && head_bytes <= kKvCacheBytes) {
       plan.cached_kv_tiles = k_tiles;
-      plan.packed = packed.data();
-      if (p.layout != nullptr) {
-        sparse_packed.assign(static_cast<size_t>(threads * k_tiles), std::uint8_t{0});
-        plan.sparse_packed = sparse_packed.data();
-      }
+      held.assign(static_cast<size_t>(threads * k_tiles), std::uint8_t{0});
+      plan.held_slice = held_slice.data();
+      plan.held = held.data();
     }
   }
 #if defined(ATTN2D_NATIVE_BF16)

@@ -340,7 +340,9 @@ HWY_INLINE void PackRows(const IO* HWY_RESTRICT base, const Rows& rows, std::int
     // Gathered rows (a sparse tile's) are scattered over the head: every row's line is
     // requested before the first is copied (the copy of a YLG query tile's rows was 25% of the
     // sparse forward task's own samples, 11% with the prefetches).
-    for (size_t r = 0; r < n; ++r) __builtin_prefetch(base + rows[r] * rs);
+    if (rows.index != nullptr) {
+      for (size_t r = 0; r < n; ++r) __builtin_prefetch(base + rows[r] * rs);
+    }
     for (size_t r = 0; r < n; ++r) {
       const IO* s = base + rows[r] * rs;
       if (cs == 1) {
