@@ -386,6 +386,50 @@ HWY_INLINE void Transpose8x8(const float* const* src, size_t c0, float* HWY_REST
 }
 #endif
 
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+// dst[c * ld + r] = src[r][c0 + c] for a 16 x 16 block of floats (AVX-512 targets): 64 shuffles
+// for 256 elements against 96 for the same elements in four 8 x 8 blocks, and each store a whole
+// 64-byte row where the 8 x 8 blocks store half-rows. The window kernels transpose every
+// position of Q, K, V, dO and O into planes and dQ, dK, dV out of them: that packing was 14% of
+// a 15x15 diamond's backward at 128x128 (E = Ev = 16, one thread).
+// Rows src + i * rs: consecutive rows at one stride (an array of 16 row pointers, as the 8 x 8
+// block takes, cost GCC 12 spills of the pointers: half the packing's samples).
+HWY_INLINE void Transpose16x16(const float* HWY_RESTRICT src, std::int64_t rs,
+                               float* HWY_RESTRICT dst, size_t ld) {
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * rs);
+  // Row pairs: t[2k] = r0c0 r1c0 r0c1 r1c1 | r0c4 r1c4 r0c5 r1c5 | ... (per 128-bit lane).
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  // Row quads: r[4g + j] holds, in 128-bit lane l, rows 4g .. 4g + 3 of column 4l + j.
+  for (int i = 0; i < 16; i += 4) {
+    const __m512d a = _mm512_castps_pd(t[i]), b = _mm512_castps_pd(t[i + 1]);
+    const __m512d c = _mm512_castps_pd(t[i + 2]), e = _mm512_castps_pd(t[i + 3]);
+    r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+    r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+    r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, e));
+    r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, e));
+  }
+  // Lanes across the quads: t[j] = (quad 0 lane 0, quad 0 lane 2, quad 1 lane 0, quad 1 lane 2),
+  // t[4 + j] the same of lanes 1 and 3; t[8 + j], t[12 + j] of quads 2 and 3.
+  for (int j = 0; j < 4; ++j) {
+    t[j] = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x88);
+    t[4 + j] = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xDD);
+    t[8 + j] = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x88);
+    t[12 + j] = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xDD);
+  }
+  // Column 4l + j: lane l of each quad, in quad order.
+  for (int j = 0; j < 4; ++j) {
+    _mm512_storeu_ps(dst + j * ld, _mm512_shuffle_f32x4(t[j], t[8 + j], 0x88));
+    _mm512_storeu_ps(dst + (8 + j) * ld, _mm512_shuffle_f32x4(t[j], t[8 + j], 0xDD));
+    _mm512_storeu_ps(dst + (4 + j) * ld, _mm512_shuffle_f32x4(t[4 + j], t[12 + j], 0x88));
+    _mm512_storeu_ps(dst + (12 + j) * ld, _mm512_shuffle_f32x4(t[4 + j], t[12 + j], 0xDD));
+  }
+}
+#endif
+
 // dst[c * ld + r] = element(r, c) for r < rows.count, c < cols; zero for r in
 // [rows.count, rows_pad).
 template <typename T, typename IO>
@@ -402,13 +446,13 @@ HWY_INLINE void PackTransposed(const IO* HWY_RESTRICT base, const Rows& rows, st
   } else {
     // 8 x 8 blocks: a whole key tile (64 x 256 floats = 64 KiB) outgrows a 48 KiB L1, so the
     // row-by-row walk, whose stores stride by ld, missed on nearly every store (23% of the
-    // ViT-B N=1024 forward); a block touches 8 source and 8 destination lines.
+    // ViT-B N=1024 forward); a block touches 8 source and 8 destination lines. Rows [r0, r1)
+    // (at most 8), columns from c_begin.
     constexpr size_t kBlock = 8;
-    for (size_t r0 = 0; r0 < n; r0 += kBlock) {
-      const size_t r1 = std::min(n, r0 + kBlock);
+    auto blocks8 = [&](size_t r0, size_t r1, size_t c_begin) {
       const IO* src[kBlock];
       for (size_t r = r0; r < r1; ++r) src[r - r0] = base + rows[r] * rs;
-      for (size_t c0 = 0; c0 < cols; c0 += kBlock) {
+      for (size_t c0 = c_begin; c0 < cols; c0 += kBlock) {
         const size_t c1 = std::min(cols, c0 + kBlock);
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
         if constexpr (std::is_same<T, float>::value && std::is_same<IO, float>::value) {
@@ -424,7 +468,27 @@ HWY_INLINE void PackTransposed(const IO* HWY_RESTRICT base, const Rows& rows, st
           for (size_t r = r0; r < r1; ++r) o[r] = Load<T>(src[r - r0][off]);
         }
       }
+    };
+    size_t r_begin = 0;
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+    if constexpr (std::is_same<T, float>::value && std::is_same<IO, float>::value) {
+      if (cs == 1 && cols >= 16 && rows.index == nullptr) {
+        constexpr size_t kWide = 16;
+        const size_t c_full = cols / kWide * kWide;
+        for (; r_begin + kWide <= n; r_begin += kWide) {
+          const float* src = base + rows[r_begin] * rs;
+          for (size_t c0 = 0; c0 < c_full; c0 += kWide) {
+            Transpose16x16(src + c0, rs, dst + c0 * ld + r_begin, ld);
+          }
+          if (c_full < cols) {
+            blocks8(r_begin, r_begin + kBlock, c_full);
+            blocks8(r_begin + kBlock, r_begin + kWide, c_full);
+          }
+        }
+      }
     }
+#endif
+    for (size_t r0 = r_begin; r0 < n; r0 += kBlock) blocks8(r0, std::min(n, r0 + kBlock), 0);
   }
   for (size_t c = 0; c < cols; ++c) {
     for (size_t r = n; r < rows_pad; ++r) dst[c * ld + r] = T(0);
