@@ -287,6 +287,31 @@ void ForwardTask(void* ctx, std::int64_t task, int thread) {
   FinishQueryTile<T, IO>(p, plan, b, h, rows, a);
 }
 
+// Requests the query rows, output rows and log-sum-exps of sparse task `task`, the next one of
+// this thread (at::parallel_for hands each thread a contiguous range of tasks), while this task
+// computes. A sparse tile's rows are scattered (a YLG tile's queries lie along Manhattan
+// anti-diagonals, one cache line each), and the copy of a tile's rows and the stores of its
+// outputs waited on memory: 10% and 5% of the YLG forward at 256x256, one thread.
+template <typename T, typename IO>
+HWY_INLINE void PrefetchQueryTile(const AttentionParams& p, const ForwardPlan<T>& plan,
+                                  std::int64_t task) {
+  std::int64_t b, h, g;
+  Rows rows;
+  if (task >= p.batch * p.heads * plan.q_tiles ||
+      !SparseTaskTile(*p.layout, p.heads, plan.q_tiles, task, /*query=*/true, &b, &h, &g,
+                      &rows)) {
+    return;
+  }
+  PrefetchRows<false>(static_cast<const IO*>(p.q) + offset4(p.q_stride, b, h, 0, 0), rows,
+                      p.q_stride[2], p.q_stride[3], static_cast<size_t>(p.dim_qk));
+  PrefetchRows<true>(static_cast<const IO*>(p.out) + offset4(p.out_stride, b, h, 0, 0), rows,
+                     p.out_stride[2], p.out_stride[3], static_cast<size_t>(p.dim_v));
+  if (p.lse != nullptr) {
+    PrefetchRows<true>(static_cast<const T*>(p.lse) + b * p.lse_stride[0] + h * p.lse_stride[1],
+                       rows, p.lse_stride[2], 1, 1);
+  }
+}
+
 // Sparse: one (batch, head, query tile of the head's layout); walks the tile's visit list.
 template <typename T, typename IO>
 void SparseForwardTask(void* ctx, std::int64_t task, int thread) {
@@ -302,6 +327,7 @@ void SparseForwardTask(void* ctx, std::int64_t task, int thread) {
   }
   const auto a = plan.thread_arrays(thread);
   StartQueryTile<T, IO>(p, plan, b, h, rows, a);
+  PrefetchQueryTile<T, IO>(p, plan, task + 1);
   std::uint8_t* held = plan.held_tiles(thread, b * p.heads + h);
   const std::int64_t first_tile = lay.k_tile_begin[lay.head_layout[h]];
   for (std::int64_t visit = lay.fwd_begin[g]; visit < lay.fwd_begin[g + 1]; ++visit) {

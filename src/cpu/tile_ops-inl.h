@@ -323,6 +323,21 @@ struct Rows {
 // smaller stride: an NCHW conv output viewed as (L, d) has stride 1 along L and H*W along d, so
 // walking d first would touch one cache line (and at 256x256 one page) per element.
 
+// Requests the cache lines of rows `rows` of a (positions, width) tensor view (base at the head's
+// position 0, strides in elements), for writing when kWrite: up to 4 lines (256 bytes) of each
+// row, where a row's elements are contiguous (cs == 1; a strided view's elements lie one line
+// apart each, and are left to the copy).
+template <bool kWrite, typename IO>
+HWY_INLINE void PrefetchRows(const IO* base, const Rows& rows, std::int64_t rs, std::int64_t cs,
+                             size_t width) {
+  if (cs != 1) return;
+  const size_t lines = std::min<size_t>((width * sizeof(IO) + 63) / 64, 4);
+  for (size_t r = 0; r < rows.count; ++r) {
+    const char* row = reinterpret_cast<const char*>(base + rows[r] * rs);
+    for (size_t i = 0; i < lines; ++i) __builtin_prefetch(row + 64 * i, kWrite ? 1 : 0);
+  }
+}
+
 // dst[r * ld + c] = alpha * element(r, c) for r < rows.count, c < cols; zero for c in
 // [cols, ld) and for r in [rows.count, rows_pad). Elements are stored as IO (T, or a 16-bit
 // type widened here) and packed as the compute type T.
