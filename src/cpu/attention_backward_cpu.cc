@@ -463,6 +463,30 @@ void KeyTile(const BackwardPlan<T>& plan, std::int64_t b, std::int64_t h, std::i
   StoreKeyGrads<T, IO>(bp, plan, b, h, keys, a);
 }
 
+// Requests the lines that the visit of query tile `rows` (slice b, h) will read: its rows of Q
+// and dO, their log-sum-exps and deltas, and, when dq_share is not null, its rows there (to be
+// added to). A sparse tile's rows are scattered (a YLG tile's queries lie along Manhattan
+// anti-diagonals, one line each): without this, the add of a visit's dQ term to its share rows
+// was 26% of SparseKeyTile's own samples (YLG 256x256 backward, one thread), waiting on memory,
+// and the copies of the rows of Q and dO 14%.
+template <typename T, typename IO>
+HWY_INLINE void PrefetchQueryRows(const BackwardPlan<T>& plan, std::int64_t b, std::int64_t h,
+                                  const Rows& rows, const T* dq_share) {
+  const AttentionBackwardParams& bp = *plan.bp;
+  const AttentionParams& p = bp.fwd;
+  PrefetchRows<false>(static_cast<const IO*>(p.q) + offset4(p.q_stride, b, h, 0, 0), rows,
+                      p.q_stride[2], p.q_stride[3], static_cast<size_t>(p.dim_qk));
+  PrefetchRows<false>(static_cast<const IO*>(bp.dout) + offset4(bp.dout_stride, b, h, 0, 0),
+                      rows, bp.dout_stride[2], bp.dout_stride[3], static_cast<size_t>(p.dim_v));
+  PrefetchRows<false>(static_cast<const T*>(p.lse) + b * p.lse_stride[0] + h * p.lse_stride[1],
+                      rows, p.lse_stride[2], 1, 1);
+  PrefetchRows<false>(plan.deltas + (b * p.heads + h) * p.len_q, rows, 1, 1, 1);
+  if (dq_share != nullptr) {
+    PrefetchRows<true>(dq_share, rows, static_cast<std::int64_t>(plan.dim_qk_pad), 1,
+                       plan.dim_qk_pad);
+  }
+}
+
 // dK and dV of key tile `local` of head h's layout, over the query tiles that visit it, and
 // when dq_share is not null its terms of dQ, added into dq_share ((len_q, E_pad), unscaled). The
 // query rows are gathered, so each visit's term is formed apart and then added to its rows.
@@ -484,6 +508,20 @@ void SparseKeyTile(const BackwardPlan<T>& plan, std::int64_t b, std::int64_t h,
   for (std::int64_t visit = lay.bwd_begin[g]; visit < lay.bwd_begin[g + 1]; ++visit) {
     const Rows rows = LayoutTileRows(lay, lay.bwd_q_tile[visit], /*query=*/true);
     const std::uint64_t* words = MaskWords(lay, lay.bwd_mask[visit]);
+    // The next visit's rows; at the last visit, those of the first visit of the head's next
+    // key tile (the one this thread takes next, in both schedules that call this).
+    std::int64_t next = visit + 1, next_g = g;
+    Rows next_keys;
+    if (next == lay.bwd_begin[g + 1]) {
+      next = LayoutTile(lay, h, local + 1, /*query=*/false, &next_g, &next_keys)
+                 ? lay.bwd_begin[next_g]
+                 : -1;
+    }
+    if (next >= 0 && next < lay.bwd_begin[next_g + 1]) {
+      PrefetchQueryRows<T, IO>(plan, b, h,
+                               LayoutTileRows(lay, lay.bwd_q_tile[next], /*query=*/true),
+                               dq_share);
+    }
     PackQueryTile<T, IO>(bp, plan, b, h, rows, a);
     ProbabilitiesAndScoreGrad(plan, rows.count, cols_pad, a, /*key_grads=*/true,
                               /*query_grad=*/dq_share != nullptr, [&](T* S, size_t pad) {
