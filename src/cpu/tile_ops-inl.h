@@ -357,9 +357,7 @@ HWY_INLINE void PackRows(const IO* HWY_RESTRICT base, const Rows& rows, std::int
     // Gathered rows (a sparse tile's) are scattered over the head: every row's line is
     // requested before the first is copied (the copy of a YLG query tile's rows was 25% of the
     // sparse forward task's own samples, 11% with the prefetches).
-    if (rows.index != nullptr) {
-      for (size_t r = 0; r < n; ++r) __builtin_prefetch(base + rows[r] * rs);
-    }
+    if (rows.index != nullptr) PrefetchRows<false>(base, rows, rs, cs, cols);
     for (size_t r = 0; r < n; ++r) {
       const IO* s = base + rows[r] * rs;
       if (cs == 1) {
@@ -408,9 +406,9 @@ HWY_INLINE void Transpose8x8(const float* const* src, size_t c0, float* HWY_REST
 // for 256 elements against 96 for the same elements in four 8 x 8 blocks, and each store a whole
 // 64-byte row where the 8 x 8 blocks store half-rows. The window kernels transpose every
 // position of Q, K, V, dO and O into planes and dQ, dK, dV out of them: that packing was 14% of
-// a 15x15 diamond's backward at 128x128 (E = Ev = 16, one thread).
-// Rows src + i * rs: consecutive rows at one stride (an array of 16 row pointers, as the 8 x 8
-// block takes, cost GCC 12 spills of the pointers: half the packing's samples).
+// a 15x15 diamond's backward at 128x128 (E = Ev = 16, one thread). The rows are src + i * rs,
+// consecutive at one stride: an array of 16 row pointers, as the 8 x 8 block takes, made GCC 12
+// spill the pointers (half the packing's samples).
 HWY_INLINE void Transpose16x16(const float* HWY_RESTRICT src, std::int64_t rs,
                                float* HWY_RESTRICT dst, size_t ld) {
   __m512 r[16], t[16];
