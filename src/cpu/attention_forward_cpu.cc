@@ -116,26 +116,57 @@ struct ForwardPlan {
 };
 
 // Writes the finished rows of a query tile: out = acc / l (0 for a fully masked row) and
-// lse = m + log l (-inf for a fully masked row).
+// lse = m + log l (-inf for a fully masked row). 1 / l and the logs a vector of rows at a time,
+// and float rows with unit stride as vectors: the scalar version (a log call a row, Ev strided
+// stores) was 6.5% of the YLG forward at 128x128, whose query tiles see about 100 keys a row.
 template <typename T, typename IO>
 HWY_INLINE void FinishQueryTile(const AttentionParams& p, const ForwardPlan<T>& plan,
                                 std::int64_t b, std::int64_t h, const Rows& rows,
                                 const typename ForwardPlan<T>::Arrays& a) {
   constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+  const hn::ScalableTag<T> d;
+  const size_t L = hn::Lanes(d);
   const size_t Ev = static_cast<size_t>(p.dim_v), Evp = plan.dim_v_pad;
   IO* out = static_cast<IO*>(p.out) + offset4(p.out_stride, b, h, 0, 0);
   T* lse = static_cast<T*>(p.lse);
-  for (size_t r = 0; r < rows.count; ++r) {
-    const bool empty = a.m[r] == kNegInf;
-    const T inv_l = empty ? T(0) : T(1) / a.l[r];
-    IO* o = out + rows[r] * p.out_stride[2];
-    for (size_t e = 0; e < Ev; ++e) {
-      o[static_cast<std::int64_t>(e) * p.out_stride[3]] =
-          Store<IO>(empty ? T(0) : a.acc[r * Evp + e] * inv_l);
+  const std::int64_t cs = p.out_stride[3];
+  HWY_ALIGN T inv_l[HWY_MAX_BYTES / sizeof(T)];
+  HWY_ALIGN T log_sum[HWY_MAX_BYTES / sizeof(T)];
+  for (size_t r0 = 0; r0 < rows.count; r0 += L) {
+    const size_t n = std::min(L, rows.count - r0);
+    // m and l are block_q long, which need not be a multiple of L: copy the last group.
+    HWY_ALIGN T m[HWY_MAX_BYTES / sizeof(T)], l[HWY_MAX_BYTES / sizeof(T)];
+    for (size_t i = 0; i < L; ++i) {
+      m[i] = i < n ? a.m[r0 + i] : kNegInf;
+      l[i] = i < n ? a.l[r0 + i] : T(1);
+    }
+    const auto vm = hn::Load(d, m), vl = hn::Load(d, l);
+    const auto empty = hn::Eq(vm, hn::Set(d, kNegInf));
+    hn::Store(hn::IfThenZeroElse(empty, hn::Div(hn::Set(d, T(1)), vl)), d, inv_l);
+    hn::Store(hn::IfThenElse(empty, vm, hn::Add(vm, hn::Log(d, vl))), d, log_sum);
+    for (size_t i = 0; i < n; ++i) {
+      const size_t r = r0 + i;
+      IO* o = out + rows[r] * p.out_stride[2];
+      const T* acc = a.acc + r * Evp;
+      if constexpr (std::is_same<IO, T>::value) {
+        if (cs == 1) {
+          const auto scale = hn::Set(d, inv_l[i]);
+          size_t e = 0;
+          for (; e + L <= Ev; e += L) hn::StoreU(hn::Mul(hn::LoadU(d, acc + e), scale), d, o + e);
+          if (e < Ev) {
+            hn::BlendedStore(hn::Mul(hn::LoadU(d, acc + e), scale), hn::FirstN(d, Ev - e), d,
+                             o + e);
+          }
+          continue;
+        }
+      }
+      for (size_t e = 0; e < Ev; ++e) {
+        o[static_cast<std::int64_t>(e) * cs] = Store<IO>(acc[e] * inv_l[i]);
+      }
     }
     if (lse != nullptr) {
-      lse[b * p.lse_stride[0] + h * p.lse_stride[1] + rows[r] * p.lse_stride[2]] =
-          empty ? kNegInf : a.m[r] + std::log(a.l[r]);
+      T* lse_bh = lse + b * p.lse_stride[0] + h * p.lse_stride[1];
+      for (size_t i = 0; i < n; ++i) lse_bh[rows[r0 + i] * p.lse_stride[2]] = log_sum[i];
     }
   }
 }
@@ -252,8 +283,7 @@ HWY_INLINE void VisitKeyTile(const AttentionParams& p, const ForwardPlan<T>& pla
   }
   Gemm<false>(rows, cols_pad, E, a.q, E, 1, kt, ld_kt, a.s, ld_s);
   mask(a.s, cols_pad);
-  OnlineSoftmaxStep(a.s, rows, cols_pad, ld_s, a.m, a.l, a.acc, Evp,
-                    [](T* x, size_t n, T shift) { return ExpShiftSum(x, n, shift); });
+  OnlineSoftmaxStepExp(a.s, rows, cols_pad, ld_s, a.m, a.l, a.acc, Evp);
   Gemm<true>(rows, Evp, cols, a.s, ld_s, 1, v, ld_v, a.acc, Evp);
 }
 
