@@ -277,10 +277,10 @@ HWY_INLINE void ProbabilitiesAndScoreGrad(const BackwardPlan<T>& plan, size_t ro
     T* s = a.s + r * bk;
     if (a.lse[r] == kNegInf) {  // fully masked row: P = 0, so every gradient term is 0
       ZeroRow(s, cols_pad);
+      ZeroRow(a.dp + r * bk, cols_pad);
     } else {
-      ExpShiftSum(s, cols_pad, a.lse[r]);
+      ProbabilityGradRow(s, a.dp + r * bk, cols_pad, a.lse[r], a.delta[r]);
     }
-    SoftmaxGradRow(s, a.dp + r * bk, cols_pad, a.delta[r]);
   }
 }
 

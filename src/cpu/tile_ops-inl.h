@@ -301,15 +301,17 @@ HWY_INLINE void AddRow(T* HWY_RESTRICT acc, const T* HWY_RESTRICT x, size_t n) {
   }
 }
 
-// dp = p * (dp - D): the softmax backward of one row, in place over dP.
+// The backward's recomputation of one row: s = P = exp(s - lse) and dp = dS = P * (dp - D),
+// in one pass (an exp pass, then a gradient pass reading P again; the exp pass also summed P for nothing).
 template <typename T>
-HWY_INLINE void SoftmaxGradRow(const T* HWY_RESTRICT p, T* HWY_RESTRICT dp, size_t n, T D) {
+HWY_INLINE void ProbabilityGradRow(T* HWY_RESTRICT s, T* HWY_RESTRICT dp, size_t n, T lse, T D) {
   const hn::ScalableTag<T> d;
   const size_t L = hn::Lanes(d);
-  const auto vD = hn::Set(d, D);
+  const auto vlse = hn::Set(d, lse), vD = hn::Set(d, D);
   for (size_t j = 0; j < n; j += L) {
-    const auto g = hn::Mul(hn::LoadU(d, p + j), hn::Sub(hn::LoadU(d, dp + j), vD));
-    hn::StoreU(g, d, dp + j);
+    const auto p = ExpOf(d, hn::Sub(hn::LoadU(d, s + j), vlse));
+    hn::StoreU(p, d, s + j);
+    hn::StoreU(hn::Mul(p, hn::Sub(hn::LoadU(d, dp + j), vD)), d, dp + j);
   }
 }
 
