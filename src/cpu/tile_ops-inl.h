@@ -301,8 +301,8 @@ HWY_INLINE void AddRow(T* HWY_RESTRICT acc, const T* HWY_RESTRICT x, size_t n) {
   }
 }
 
-// The backward's recomputation of one row: s = P = exp(s - lse) and dp = dS = P * (dp - D),
-// in one pass (an exp pass, then a gradient pass reading P again; the exp pass also summed P for nothing).
+// The backward's recomputation of one row: s = P = exp(s - lse) and dp = dS = P * (dp - D), in
+// one pass (it was an exp pass, which also summed P for nothing, then a pass reading P again).
 template <typename T>
 HWY_INLINE void ProbabilityGradRow(T* HWY_RESTRICT s, T* HWY_RESTRICT dp, size_t n, T lse, T D) {
   const hn::ScalableTag<T> d;
@@ -756,7 +756,8 @@ HWY_INLINE void OnlineSoftmaxStep16(float* HWY_RESTRICT s_tile, size_t cols_pad,
   }
   const auto m_old = hn::LoadU(d, m);
   // VMAXPS returns its second operand when either is NaN: a NaN tile maximum carries over.
-  const __m512 tile_max = TransposeReduce16(v, [](__m512 a, __m512 b) { return _mm512_max_ps(a, b); });
+  const __m512 tile_max =
+      TransposeReduce16(v, [](__m512 a, __m512 b) { return _mm512_max_ps(a, b); });
   alignas(64) float m_new[16];
   hn::Store(hn::Vec512<float>{_mm512_max_ps(m_old.raw, tile_max)}, d, m_new);
   // Rows with no visible key so far contribute nothing, unless a NaN hid from the maximum
@@ -781,7 +782,8 @@ HWY_INLINE void OnlineSoftmaxStep16(float* HWY_RESTRICT s_tile, size_t cols_pad,
                                 : ExpShiftSumLanes(d, s_tile + r * ld, cols_pad,
                                                    hn::Set(d, m_new[r])).raw;
   }
-  const __m512 tile_sum = TransposeReduce16(v, [](__m512 a, __m512 b) { return _mm512_add_ps(a, b); });
+  const __m512 tile_sum =
+      TransposeReduce16(v, [](__m512 a, __m512 b) { return _mm512_add_ps(a, b); });
   hn::StoreU(hn::MulAdd(hn::LoadU(d, l), alpha, hn::Vec512<float>{tile_sum}), d, l);
   hn::StoreU(vm_new, d, m);
   alignas(64) float scale[16];
