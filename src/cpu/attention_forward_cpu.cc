@@ -119,6 +119,8 @@ struct ForwardPlan {
 // lse = m + log l (-inf for a fully masked row). 1 / l and the logs a vector of rows at a time,
 // and float rows with unit stride as vectors: the scalar version (a log call a row, Ev strided
 // stores) was 6.5% of the YLG forward at 128x128, whose query tiles see about 100 keys a row.
+// Highway's float Log is documented to 4 ulp; over l in [1, 70000] (a row sum lies in [1, Lk])
+// it measured 0.89 ulp at most, 5e-7 absolute, against the float64 log.
 template <typename T, typename IO>
 HWY_INLINE void FinishQueryTile(const AttentionParams& p, const ForwardPlan<T>& plan,
                                 std::int64_t b, std::int64_t h, const Rows& rows,
@@ -134,7 +136,7 @@ HWY_INLINE void FinishQueryTile(const AttentionParams& p, const ForwardPlan<T>& 
   HWY_ALIGN T log_sum[HWY_MAX_BYTES / sizeof(T)];
   for (size_t r0 = 0; r0 < rows.count; r0 += L) {
     const size_t n = std::min(L, rows.count - r0);
-    // m and l are block_q long, which need not be a multiple of L: copy the last group.
+    // Copied into whole vectors: m and l are block_q long, which need not be a multiple of L.
     HWY_ALIGN T m[HWY_MAX_BYTES / sizeof(T)], l[HWY_MAX_BYTES / sizeof(T)];
     for (size_t i = 0; i < L; ++i) {
       m[i] = i < n ? a.m[r0 + i] : kNegInf;
