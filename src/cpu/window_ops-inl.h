@@ -421,10 +421,17 @@ template <class D, typename T>
 HWY_INLINE void LanePositions(D d, const WindowGeometry<T>& g, std::int64_t q0, T* lanes_i,
                               T* lanes_j) {
   const std::int64_t N = g.height * g.width;
+  // One division, then a walk along the raster, where each lane divided: 16 64-bit divisions
+  // per border vector, and a third of a 15x15 window's vectors at 128x128 are border vectors.
+  std::int64_t i = q0 / g.width, j = q0 % g.width;
   for (size_t lane = 0; lane < hn::Lanes(d); ++lane) {
     const std::int64_t n = q0 + static_cast<std::int64_t>(lane);
-    lanes_i[lane] = n < N ? static_cast<T>(n / g.width) : static_cast<T>(-2 * g.height);
-    lanes_j[lane] = static_cast<T>(n % g.width);
+    lanes_i[lane] = n < N ? static_cast<T>(i) : static_cast<T>(-2 * g.height);
+    lanes_j[lane] = static_cast<T>(j);
+    if (++j == g.width) {
+      j = 0;
+      ++i;
+    }
   }
 }
 
