@@ -104,8 +104,10 @@ struct ForwardPlan {
     a.v = c.take(kv_tiles * bk * ld_v);   // kv_tiles x (block_k, Ev_pad)
     a.s = c.take(bq * ld_s);        // (block_q, block_k) scores, then probabilities
     a.acc = c.take(bq * dim_v_pad); // (block_q, Ev_pad)
-    a.m = c.take(bq);
-    a.l = c.take(bq);
+    // m and l padded to whole vectors: FinishQueryTile loads them a vector at a time.
+    const size_t bq_vectors = (bq + VectorLanes<T>() - 1) / VectorLanes<T>() * VectorLanes<T>();
+    a.m = c.take(bq_vectors);
+    a.l = c.take(bq_vectors);
     a.elems = c.used();
     return a;
   }
@@ -136,13 +138,12 @@ HWY_INLINE void FinishQueryTile(const AttentionParams& p, const ForwardPlan<T>& 
   HWY_ALIGN T log_sum[HWY_MAX_BYTES / sizeof(T)];
   for (size_t r0 = 0; r0 < rows.count; r0 += L) {
     const size_t n = std::min(L, rows.count - r0);
-    // Copied into whole vectors: m and l are block_q long, which need not be a multiple of L.
-    HWY_ALIGN T m[HWY_MAX_BYTES / sizeof(T)], l[HWY_MAX_BYTES / sizeof(T)];
-    for (size_t i = 0; i < L; ++i) {
-      m[i] = i < n ? a.m[r0 + i] : kNegInf;
-      l[i] = i < n ? a.l[r0 + i] : T(1);
-    }
-    const auto vm = hn::Load(d, m), vl = hn::Load(d, l);
+    // Lanes past the tile's rows (m and l are padded to whole vectors, their padding unset)
+    // read as an empty row. A copy of m and l into whole vectors lane by lane was 5.7% of the
+    // sparse forward task's own samples (YLG 128x128, one thread).
+    const auto valid = hn::FirstN(d, n);
+    const auto vm = hn::IfThenElse(valid, hn::LoadU(d, a.m + r0), hn::Set(d, kNegInf));
+    const auto vl = hn::IfThenElse(valid, hn::LoadU(d, a.l + r0), hn::Set(d, T(1)));
     const auto empty = hn::Eq(vm, hn::Set(d, kNegInf));
     hn::Store(hn::IfThenZeroElse(empty, hn::Div(hn::Set(d, T(1)), vl)), d, inv_l);
     hn::Store(hn::IfThenElse(empty, vm, hn::Add(vm, hn::Log(d, vl))), d, log_sum);
