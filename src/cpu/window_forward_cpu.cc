@@ -96,18 +96,13 @@ void PackTask(void* ctx, std::int64_t task, int /*thread*/) {
                  plan.vt(c.slot));
 }
 
-// The log-sum-exp of queries q0 .. q0 + lanes - 1 from their row max and exp sum; -inf for a
-// row that sees no key. Highway's Log a vector at a time, where a libm log call a lane was 3% of
-// the samples of a 15x15 diamond's forward at 128x128 (one thread; alternated 4x with the change:
-// medians 8.45 -> 7.37 ms); FinishQueryTile (attention_forward_cpu.cc) measured the float Log at
-// 0.89 ulp at most over the row sums' range.
+// The log-sum-exp of queries q0 .. q0 + lanes - 1 from their row max and exp sum (LogSumExp),
+// a vector at a time, where a libm log call a lane was 3% of the samples of a 15x15 diamond's
+// forward at 128x128 (one thread; alternated 4x with the change: medians 8.45 -> 7.37 ms).
 template <class D, typename T = hn::TFromD<D>>
 HWY_INLINE void StoreLse(D d, const AttentionParams& p, std::int64_t b, std::int64_t h,
                          std::int64_t q0, size_t lanes, hn::Vec<D> row_max, hn::Vec<D> row_sum) {
-  const auto empty = hn::Eq(row_max, hn::Set(d, -std::numeric_limits<T>::infinity()));
-  // An empty row's sum is 0: log of 1 there keeps the unused lane finite.
-  const auto sum = hn::IfThenElse(empty, hn::Set(d, T(1)), row_sum);
-  const auto lse = hn::IfThenElse(empty, row_max, hn::Add(row_max, hn::Log(d, sum)));
+  const auto lse = LogSumExp(d, row_max, row_sum);
   T* dst = static_cast<T*>(p.lse) + b * p.lse_stride[0] + h * p.lse_stride[1] +
            q0 * p.lse_stride[2];
   if (p.lse_stride[2] == 1) {
