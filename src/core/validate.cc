@@ -21,7 +21,8 @@ Status check_pointer(const void* ptr, bool needed, const char* name) {
 }
 
 // A layout is trusted only after these checks: every index the kernels follow is in range,
-// each layout's tiles partition the rows (so no two tasks write one gradient row), and the
+// each layout's tiles partition the rows (so no two tasks write one gradient row, and every
+// row is written by one), and the
 // backward's visit lists are exactly the forward's, transposed.
 Status validate_layout(const AttentionParams& p) {
   const SparseLayout& lay = *p.layout;
@@ -72,6 +73,12 @@ Status validate_layout(const AttentionParams& p) {
           }
           seen[static_cast<size_t>(row)] = 1;
         }
+      }
+      // The kernels write a row's output and gradients only from the tile that holds it.
+      const auto missing = std::find(seen.begin(), seen.end(), 0);
+      if (missing != seen.end()) {
+        return bad("layout " + str(l) + "'s " + side.name + " tiles must hold every row 0.." +
+                   str(side.len - 1) + "; row " + str(missing - seen.begin()) + " is in none");
       }
     }
   }

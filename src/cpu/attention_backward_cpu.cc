@@ -58,11 +58,19 @@ struct BackwardPlan {
   size_t dim_qk_pad, dim_v_pad;  // E and Ev rounded up to the vector length
   std::int64_t q_tiles, k_tiles;
   std::int64_t dq_groups;  // key-tile groups of the dQ sum
-  std::int64_t sum_chunks;  // runs of block_q rows in which the groups' dQ shares are summed
+  std::int64_t sum_chunks;  // runs of block_q raster rows (DeltaTask's tasks)
+  // Rows of a dQ share: len_q in raster order, or for a sparse layout q_tiles * block_q in the
+  // order of the head's layout tiles (tile t's rows from t * block_q), so that a visit adds its
+  // dQ term to consecutive rows.
+  size_t share_rows;
+  std::int64_t share_chunks;  // runs of block_q share rows in which the groups' shares are summed
   size_t scratch_elems;  // per thread
   T* workspace;
-  T* dq_shares = nullptr;  // whole heads: (threads, 2, len_q, E_pad); key-tile groups:
-                           // (batch * heads, dq_groups, len_q, E_pad)
+  T* dq_shares = nullptr;  // whole heads: (threads, 1 or 2, share_rows, E_pad); key-tile
+                           // groups: (batch * heads, dq_groups, share_rows, E_pad)
+  // Sparse layouts in the one-pass schedules, float products: (threads, share_rows, E_pad +
+  // Ev_pad + 2), the query side of the slice a thread walks (GatheredQueries).
+  T* gathered = nullptr;
   T* deltas = nullptr;  // (batch * heads, len_q): rowsum(dO * O), computed once before the tiles
   // bf16 tensors on a CPU with AVX512-BF16: all five products (S = Q K^T, dP = dO V^T,
   // dV = P^T dO, dK = dS^T q, dQ = dS K) run on VDPBF16PS from bf16 pairs (K^T and V^T packed as
@@ -109,6 +117,21 @@ struct BackwardPlan {
   // This thread's arrays, allocated once per call.
   Arrays thread_arrays(int thread) const {
     return carve(workspace + static_cast<size_t>(thread) * scratch_elems);
+  }
+
+  // The query side of one slice, packed as PackQueryTile packs a tile, for every tile of the
+  // head's layout at once, in tile order (tile t's rows from t * block_q).
+  struct GatheredQueries {
+    T* q;      // (share_rows, E_pad), times scale
+    T* dout;   // (share_rows, Ev_pad)
+    T* lse;    // (share_rows,)
+    T* delta;  // (share_rows,)
+  };
+  GatheredQueries gathered_queries(int thread) const {
+    const size_t n = share_rows;
+    T* base = gathered + static_cast<size_t>(thread) * n * (dim_qk_pad + dim_v_pad + 2);
+    return {base, base + n * dim_qk_pad, base + n * (dim_qk_pad + dim_v_pad),
+            base + n * (dim_qk_pad + dim_v_pad + 1)};
   }
 };
 
@@ -181,6 +204,58 @@ HWY_INLINE void PackQueryTile(const AttentionBackwardParams& bp, const BackwardP
   for (size_t r = 0; r < rows.count; ++r) {
     a.delta[r] = deltas[rows[r]];
     a.lse[r] = lse[b * p.lse_stride[0] + h * p.lse_stride[1] + rows[r] * p.lse_stride[2]];
+  }
+}
+
+// Requests the lines that packing the query side of tile `rows` (slice b, h) at a visit reads,
+// a visit ahead: its rows of Q and dO, their log-sum-exps and deltas. A sparse tile's rows are
+// scattered (a YLG tile's queries lie along Manhattan anti-diagonals, one line each): without
+// this, their copies were 14% of SparseKeyTile's own samples (YLG 256x256 backward, one
+// thread).
+template <typename T, typename IO>
+HWY_INLINE void PrefetchQueryRows(const BackwardPlan<T>& plan, std::int64_t b, std::int64_t h,
+                                  const Rows& rows) {
+  const AttentionBackwardParams& bp = *plan.bp;
+  const AttentionParams& p = bp.fwd;
+  PrefetchRows<false>(static_cast<const IO*>(p.q) + offset4(p.q_stride, b, h, 0, 0), rows,
+                      p.q_stride[2], p.q_stride[3], static_cast<size_t>(p.dim_qk));
+  PrefetchRows<false>(static_cast<const IO*>(bp.dout) + offset4(bp.dout_stride, b, h, 0, 0),
+                      rows, bp.dout_stride[2], bp.dout_stride[3], static_cast<size_t>(p.dim_v));
+  PrefetchRows<false>(static_cast<const T*>(p.lse) + b * p.lse_stride[0] + h * p.lse_stride[1],
+                      rows, p.lse_stride[2], 1, 1);
+  PrefetchRows<false>(plan.deltas + (b * p.heads + h) * p.len_q, rows, 1, 1, 1);
+}
+
+// Packs the query side of slice (b, h) for every query tile of the head's layout into g, once per
+// slice: a sparse tile's rows are scattered (a YLG tile's queries lie along Manhattan
+// anti-diagonals, one cache line each), and PackQueryTile's gather of them at every visit,
+// with its prefetches, was ~25% of SparseKeyTile's own samples (YLG 128x128, one thread).
+// Tried and slower (perf samples over the same calls, against this gather's 0.32 of the
+// forward task's): requesting the next tile's lines before each copy, 0.36; walking the rows
+// in raster order and writing each to its slot, 0.35-0.37.
+template <typename T, typename IO>
+void GatherQuerySide(const BackwardPlan<T>& plan, std::int64_t b, std::int64_t h,
+                     const typename BackwardPlan<T>::GatheredQueries& g) {
+  const AttentionBackwardParams& bp = *plan.bp;
+  const AttentionParams& p = bp.fwd;
+  const size_t E = static_cast<size_t>(p.dim_qk), Ev = static_cast<size_t>(p.dim_v);
+  const size_t bq = static_cast<size_t>(plan.tiles.block_q);
+  const IO* q = static_cast<const IO*>(p.q) + offset4(p.q_stride, b, h, 0, 0);
+  const IO* dout = static_cast<const IO*>(bp.dout) + offset4(bp.dout_stride, b, h, 0, 0);
+  const T* lse = static_cast<const T*>(p.lse) + b * p.lse_stride[0] + h * p.lse_stride[1];
+  const T* deltas = plan.deltas + (b * p.heads + h) * p.len_q;
+  std::int64_t global;
+  Rows rows;
+  for (std::int64_t t = 0; LayoutTile(*p.layout, h, t, /*query=*/true, &global, &rows); ++t) {
+    const size_t r0 = static_cast<size_t>(t) * bq;
+    PackRows(q, rows, p.q_stride[2], p.q_stride[3], E, static_cast<T>(p.scale),
+             g.q + r0 * plan.dim_qk_pad, plan.dim_qk_pad, rows.count);
+    PackRows(dout, rows, bp.dout_stride[2], bp.dout_stride[3], Ev, T(1),
+             g.dout + r0 * plan.dim_v_pad, plan.dim_v_pad, rows.count);
+    for (size_t r = 0; r < rows.count; ++r) {
+      g.lse[r0 + r] = lse[rows[r] * p.lse_stride[2]];
+      g.delta[r0 + r] = deltas[rows[r]];
+    }
   }
 }
 
@@ -463,41 +538,22 @@ void KeyTile(const BackwardPlan<T>& plan, std::int64_t b, std::int64_t h, std::i
   StoreKeyGrads<T, IO>(bp, plan, b, h, keys, a);
 }
 
-// Requests the lines that the visit of query tile `rows` (slice b, h) will read: its rows of Q
-// and dO, their log-sum-exps and deltas, and, when dq_share is not null, its rows there (to be
-// added to). A sparse tile's rows are scattered (a YLG tile's queries lie along Manhattan
-// anti-diagonals, one line each): without this, the add of a visit's dQ term to its share rows
-// was 26% of SparseKeyTile's own samples (YLG 256x256 backward, one thread), waiting on memory,
-// and the copies of the rows of Q and dO 14%.
-template <typename T, typename IO>
-HWY_INLINE void PrefetchQueryRows(const BackwardPlan<T>& plan, std::int64_t b, std::int64_t h,
-                                  const Rows& rows, const T* dq_share) {
-  const AttentionBackwardParams& bp = *plan.bp;
-  const AttentionParams& p = bp.fwd;
-  PrefetchRows<false>(static_cast<const IO*>(p.q) + offset4(p.q_stride, b, h, 0, 0), rows,
-                      p.q_stride[2], p.q_stride[3], static_cast<size_t>(p.dim_qk));
-  PrefetchRows<false>(static_cast<const IO*>(bp.dout) + offset4(bp.dout_stride, b, h, 0, 0),
-                      rows, bp.dout_stride[2], bp.dout_stride[3], static_cast<size_t>(p.dim_v));
-  PrefetchRows<false>(static_cast<const T*>(p.lse) + b * p.lse_stride[0] + h * p.lse_stride[1],
-                      rows, p.lse_stride[2], 1, 1);
-  PrefetchRows<false>(plan.deltas + (b * p.heads + h) * p.len_q, rows, 1, 1, 1);
-  if (dq_share != nullptr) {
-    PrefetchRows<true>(dq_share, rows, static_cast<std::int64_t>(plan.dim_qk_pad), 1,
-                       plan.dim_qk_pad);
-  }
-}
-
 // dK and dV of key tile `local` of head h's layout, over the query tiles that visit it, and
-// when dq_share is not null its terms of dQ, added into dq_share ((len_q, E_pad), unscaled). The
-// query rows are gathered, so each visit's term is formed apart and then added to its rows.
+// when dq_share is not null its terms of dQ, added into dq_share ((share_rows, E_pad) in layout
+// tile order, unscaled). The query side comes from `gathered` (GatherQuerySide) when not null,
+// else is packed at each visit. A visit's dQ term is formed apart and then added to its tile's
+// rows, as pass 2 adds its terms (bitwise-equal schedules).
 template <typename T, typename IO>
 void SparseKeyTile(const BackwardPlan<T>& plan, std::int64_t b, std::int64_t h,
-                   std::int64_t local, T* dq_share, const typename BackwardPlan<T>::Arrays& a) {
+                   std::int64_t local, T* dq_share, const typename BackwardPlan<T>::Arrays& a,
+                   const typename BackwardPlan<T>::GatheredQueries* gathered) {
   const AttentionBackwardParams& bp = *plan.bp;
   const AttentionParams& p = bp.fwd;
   const SparseLayout& lay = *p.layout;
   const size_t L = VectorLanes<T>();
+  const size_t bq = static_cast<size_t>(plan.tiles.block_q);
   const size_t bk = static_cast<size_t>(plan.tiles.block_k);
+  const std::int64_t first_q_tile = lay.q_tile_begin[lay.head_layout[h]];
   std::int64_t g;
   Rows keys;
   if (!LayoutTile(lay, h, local, /*query=*/false, &g, &keys)) return;
@@ -505,35 +561,40 @@ void SparseKeyTile(const BackwardPlan<T>& plan, std::int64_t b, std::int64_t h,
   PackKeyTile<T, IO>(p, plan, b, h, keys, cols_pad, /*row_major_k=*/dq_share != nullptr, a);
   std::fill(a.dk, a.dk + cols * plan.dim_qk_pad, T(0));
   std::fill(a.dv, a.dv + cols * plan.dim_v_pad, T(0));
+  auto visit_arrays = a;  // a, or a with the query side pointing into `gathered`
   for (std::int64_t visit = lay.bwd_begin[g]; visit < lay.bwd_begin[g + 1]; ++visit) {
     const Rows rows = LayoutTileRows(lay, lay.bwd_q_tile[visit], /*query=*/true);
+    const size_t r0 = static_cast<size_t>(lay.bwd_q_tile[visit] - first_q_tile) * bq;
     const std::uint64_t* words = MaskWords(lay, lay.bwd_mask[visit]);
-    // The next visit's rows; at the last visit, those of the first visit of the head's next
-    // key tile (the one this thread takes next, in both schedules that call this).
-    std::int64_t next = visit + 1, next_g = g;
-    Rows next_keys;
-    if (next == lay.bwd_begin[g + 1]) {
-      next = LayoutTile(lay, h, local + 1, /*query=*/false, &next_g, &next_keys)
-                 ? lay.bwd_begin[next_g]
-                 : -1;
+    if (gathered != nullptr) {
+      visit_arrays.q = gathered->q + r0 * plan.dim_qk_pad;
+      visit_arrays.dout = gathered->dout + r0 * plan.dim_v_pad;
+      visit_arrays.lse = gathered->lse + r0;
+      visit_arrays.delta = gathered->delta + r0;
+    } else {
+      // The next visit's rows; at the last visit, those of the first visit of the head's next
+      // key tile (the one this thread takes next, in every schedule that calls this).
+      std::int64_t next = visit + 1, next_g = g;
+      Rows next_keys;
+      if (next == lay.bwd_begin[g + 1]) {
+        next = LayoutTile(lay, h, local + 1, /*query=*/false, &next_g, &next_keys)
+                   ? lay.bwd_begin[next_g]
+                   : -1;
+      }
+      if (next >= 0 && next < lay.bwd_begin[next_g + 1]) {
+        PrefetchQueryRows<T, IO>(plan, b, h,
+                                 LayoutTileRows(lay, lay.bwd_q_tile[next], /*query=*/true));
+      }
+      PackQueryTile<T, IO>(bp, plan, b, h, rows, a);
     }
-    if (next >= 0 && next < lay.bwd_begin[next_g + 1]) {
-      PrefetchQueryRows<T, IO>(plan, b, h,
-                               LayoutTileRows(lay, lay.bwd_q_tile[next], /*query=*/true),
-                               dq_share);
-    }
-    PackQueryTile<T, IO>(bp, plan, b, h, rows, a);
-    ProbabilitiesAndScoreGrad(plan, rows.count, cols_pad, a, /*key_grads=*/true,
+    ProbabilitiesAndScoreGrad(plan, rows.count, cols_pad, visit_arrays, /*key_grads=*/true,
                               /*query_grad=*/dq_share != nullptr, [&](T* S, size_t pad) {
                                 MaskTileBits(S, bk, rows.count, cols, pad, words);
                               });
-    AccumulateKeyGrads(plan, rows.count, cols, a);
+    AccumulateKeyGrads(plan, rows.count, cols, visit_arrays);
     if (dq_share != nullptr) {
-      ScoreGradTimesKeys<false>(plan, rows.count, cols, a, a.dq_term);
-      for (size_t r = 0; r < rows.count; ++r) {
-        AddRow(dq_share + static_cast<size_t>(rows[r]) * plan.dim_qk_pad,
-               a.dq_term + r * plan.dim_qk_pad, plan.dim_qk_pad);
-      }
+      ScoreGradTimesKeys<false>(plan, rows.count, cols, visit_arrays, a.dq_term);
+      AddRow(dq_share + r0 * plan.dim_qk_pad, a.dq_term, rows.count * plan.dim_qk_pad);
     }
   }
   StoreKeyGrads<T, IO>(bp, plan, b, h, keys, a);
@@ -546,7 +607,7 @@ void SparseKeyTileTask(void* ctx, std::int64_t task, int thread) {
   const std::int64_t bh = task / plan.k_tiles;
   const std::int64_t heads = plan.bp->fwd.heads;
   SparseKeyTile<T, IO>(plan, bh / heads, bh % heads, task % plan.k_tiles, nullptr,
-                       plan.thread_arrays(thread));
+                       plan.thread_arrays(thread), nullptr);
 }
 
 // Key tiles of slice (b, h): the dense grid's, or the head's own layout tiles.
@@ -558,20 +619,31 @@ std::int64_t KeyTilesOf(const BackwardPlan<T>& plan, std::int64_t h) {
   return lay->k_tile_begin[layout + 1] - lay->k_tile_begin[layout];
 }
 
-// dK, dV and the dQ share (into `share`, (len_q, E_pad)) of key-tile group g of slice (b, h).
+// dK, dV and the dQ share (into `share`, (share_rows, E_pad)) of key-tile group g of slice
+// (b, h); a sparse slice's query side is first gathered into this thread's buffer, where the
+// plan has one.
 template <typename T, typename IO>
 void KeyTileGroup(const BackwardPlan<T>& plan, std::int64_t b, std::int64_t h, std::int64_t g,
-                  T* share, const typename BackwardPlan<T>::Arrays& a) {
+                  T* share, int thread) {
   const AttentionParams& p = plan.bp->fwd;
-  std::fill(share, share + static_cast<size_t>(p.len_q) * plan.dim_qk_pad, T(0));
+  const auto a = plan.thread_arrays(thread);
+  std::fill(share, share + plan.share_rows * plan.dim_qk_pad, T(0));
   std::int64_t first, last;
   GroupTiles(KeyTilesOf(plan, h), plan.dq_groups, g, &first, &last);
-  for (std::int64_t t = first; t < last; ++t) {
-    if (p.layout != nullptr) {
-      SparseKeyTile<T, IO>(plan, b, h, t, share, a);
-    } else {
-      KeyTile<T, IO>(plan, b, h, t * plan.tiles.block_k, share, a);
+  if (p.layout != nullptr) {
+    typename BackwardPlan<T>::GatheredQueries gathered{};
+    if (plan.gathered != nullptr) {
+      gathered = plan.gathered_queries(thread);
+      GatherQuerySide<T, IO>(plan, b, h, gathered);
     }
+    for (std::int64_t t = first; t < last; ++t) {
+      SparseKeyTile<T, IO>(plan, b, h, t, share, a,
+                           plan.gathered != nullptr ? &gathered : nullptr);
+    }
+    return;
+  }
+  for (std::int64_t t = first; t < last; ++t) {
+    KeyTile<T, IO>(plan, b, h, t * plan.tiles.block_k, share, a);
   }
 }
 
@@ -586,22 +658,43 @@ void StoreQueryGrad(const BackwardPlan<T>& plan, std::int64_t b, std::int64_t h,
             bp.dq_stride[3]);
 }
 
+// The rows of sum's tile `chunk` (share_rows in chunks of block_q): raster rows, or the rows of
+// the head's layout tile `chunk`; false past the head's last tile.
+template <typename T>
+bool ShareChunkRows(const BackwardPlan<T>& plan, std::int64_t h, std::int64_t chunk,
+                    Rows* rows) {
+  const AttentionParams& p = plan.bp->fwd;
+  if (p.layout == nullptr) {
+    if (chunk * plan.tiles.block_q >= p.len_q) return false;
+    *rows = QueryTileRows(p, plan, chunk * plan.tiles.block_q);
+    return true;
+  }
+  std::int64_t global;
+  return LayoutTile(*p.layout, h, chunk, /*query=*/true, &global, rows);
+}
+
 // Whole heads: every gradient of one (batch, head) slice.
 template <typename T, typename IO>
 void HeadTask(void* ctx, std::int64_t task, int thread) {
   const BackwardPlan<T>& plan = *static_cast<const BackwardPlan<T>*>(ctx);
   const AttentionParams& p = plan.bp->fwd;
   const std::int64_t b = task / p.heads, h = task % p.heads;
-  const auto a = plan.thread_arrays(thread);
-  const size_t n = static_cast<size_t>(p.len_q) * plan.dim_qk_pad;
-  T* sum = plan.dq_shares + static_cast<size_t>(thread) * 2 * n;
-  T* share = sum + n;
-  KeyTileGroup<T, IO>(plan, b, h, 0, sum, a);
+  const size_t n = plan.share_rows * plan.dim_qk_pad;
+  T* sum = plan.dq_shares + static_cast<size_t>(thread) * (plan.dq_groups > 1 ? 2 : 1) * n;
+  KeyTileGroup<T, IO>(plan, b, h, 0, sum, thread);
   for (std::int64_t g = 1; g < plan.dq_groups; ++g) {
-    KeyTileGroup<T, IO>(plan, b, h, g, share, a);
-    AddRow(sum, share, n);
+    KeyTileGroup<T, IO>(plan, b, h, g, sum + n, thread);
+    AddRow(sum, sum + n, n);
   }
-  StoreQueryGrad<T, IO>(plan, b, h, Rows{nullptr, 0, static_cast<size_t>(p.len_q)}, sum);
+  if (p.layout == nullptr) {
+    StoreQueryGrad<T, IO>(plan, b, h, Rows{nullptr, 0, static_cast<size_t>(p.len_q)}, sum);
+    return;
+  }
+  Rows rows;
+  for (std::int64_t t = 0; ShareChunkRows(plan, h, t, &rows); ++t) {
+    StoreQueryGrad<T, IO>(plan, b, h, rows,
+                          sum + static_cast<size_t>(t * plan.tiles.block_q) * plan.dim_qk_pad);
+  }
 }
 
 // Key-tile groups, step 1: dK and dV of one group's key tiles and the group's dQ share.
@@ -610,21 +703,22 @@ void GroupTask(void* ctx, std::int64_t task, int thread) {
   const BackwardPlan<T>& plan = *static_cast<const BackwardPlan<T>*>(ctx);
   const AttentionParams& p = plan.bp->fwd;
   const std::int64_t bh = task / plan.dq_groups, g = task % plan.dq_groups;
-  const size_t n = static_cast<size_t>(p.len_q) * plan.dim_qk_pad;
+  const size_t n = plan.share_rows * plan.dim_qk_pad;
   KeyTileGroup<T, IO>(plan, bh / p.heads, bh % p.heads, g,
-                      plan.dq_shares + static_cast<size_t>(task) * n, plan.thread_arrays(thread));
+                      plan.dq_shares + static_cast<size_t>(task) * n, thread);
 }
 
-// Key-tile groups, step 2: dQ of one query tile, the groups' shares added in order.
+// Key-tile groups, step 2: dQ of one chunk of block_q share rows, the groups' shares added in
+// order.
 template <typename T, typename IO>
 void GroupSumTask(void* ctx, std::int64_t task, int /*thread*/) {
   const BackwardPlan<T>& plan = *static_cast<const BackwardPlan<T>*>(ctx);
   const AttentionParams& p = plan.bp->fwd;
-  const std::int64_t bh = task / plan.sum_chunks;
-  const std::int64_t i0 = (task % plan.sum_chunks) * plan.tiles.block_q;
-  const Rows rows = QueryTileRows(p, plan, i0);
-  const size_t n = static_cast<size_t>(p.len_q) * plan.dim_qk_pad;
-  const size_t offset = static_cast<size_t>(i0) * plan.dim_qk_pad;
+  const std::int64_t bh = task / plan.share_chunks, chunk = task % plan.share_chunks;
+  Rows rows;
+  if (!ShareChunkRows(plan, bh % p.heads, chunk, &rows)) return;
+  const size_t n = plan.share_rows * plan.dim_qk_pad;
+  const size_t offset = static_cast<size_t>(chunk * plan.tiles.block_q) * plan.dim_qk_pad;
   T* sum = plan.dq_shares + static_cast<size_t>(bh * plan.dq_groups) * n + offset;
   for (std::int64_t g = 1; g < plan.dq_groups; ++g) {
     AddRow(sum, sum + static_cast<size_t>(g) * n, rows.count * plan.dim_qk_pad);
@@ -734,26 +828,6 @@ void SparseQueryTileTask(void* ctx, std::int64_t task, int thread) {
   });
 }
 
-template <typename IO>
-void ZeroSlices(const AttentionBackwardParams& bp, bool with_dq) {
-  const AttentionParams& p = bp.fwd;
-  struct Grad {
-    void* data;
-    const std::int64_t* stride;
-    std::int64_t len, width;
-  } grads[] = {{bp.dk, bp.dk_stride, p.len_k, p.dim_qk},
-               {bp.dv, bp.dv_stride, p.len_k, p.dim_v},
-               {bp.dq, bp.dq_stride, p.len_q, p.dim_qk}};
-  for (const Grad& g : grads) {
-    if (g.data == bp.dq && !with_dq) continue;
-    for (std::int64_t b = 0; b < p.batch; ++b)
-      for (std::int64_t h = 0; h < p.heads; ++h)
-        for (std::int64_t i = 0; i < g.len; ++i)
-          for (std::int64_t e = 0; e < g.width; ++e)
-            static_cast<IO*>(g.data)[offset4(g.stride, b, h, i, e)] = Store<IO>(0.0f);
-  }
-}
-
 // T: the compute type; IO: the tensors' element type (T, or a 16-bit type).
 template <typename T, typename IO>
 Status Backward(const AttentionBackwardParams& bp, const Host& host) {
@@ -781,14 +855,18 @@ Status Backward(const AttentionBackwardParams& bp, const Host& host) {
   plan.scratch_elems = plan.carve(nullptr).elems;
   const int threads = std::max(host.num_threads, 1);
   const std::int64_t slices = p.batch * p.heads;
-  const size_t share_elems = static_cast<size_t>(p.len_q) * plan.dim_qk_pad;
+  plan.sum_chunks = (p.len_q + plan.tiles.block_q - 1) / plan.tiles.block_q;
+  plan.share_chunks = p.layout != nullptr ? plan.q_tiles : plan.sum_chunks;
+  plan.share_rows = p.layout != nullptr
+                        ? static_cast<size_t>(plan.q_tiles * plan.tiles.block_q)
+                        : static_cast<size_t>(p.len_q);
+  const size_t share_elems = plan.share_rows * plan.dim_qk_pad;
   // A sparse layout's query tile sees few key tiles (YLG at 128x128 over 64x64: 1.5 visits on
   // average), and each group costs a zeroed (len_q, E_pad) share and its add, whichever rows it
   // touches (for YLG, 9% of the backward's samples; the backward ran 15-20% faster without).
   // One group: one chain per dQ row, in key-tile order, in every schedule (two passes where
   // whole heads would leave threads idle).
   plan.dq_groups = p.layout != nullptr ? 1 : backward_dq_groups(plan.k_tiles);
-  plan.sum_chunks = (p.len_q + plan.tiles.block_q - 1) / plan.tiles.block_q;
   // dQ shares stay under 256 MiB (at 64 threads, whole heads of len_q = 65536, E = 64 would
   // want 2 GiB; two passes need none).
   constexpr size_t kMaxShareBytes = size_t{256} << 20;
@@ -797,13 +875,22 @@ Status Backward(const AttentionBackwardParams& bp, const Host& host) {
                                sizeof(T), kMaxShareBytes);
   size_t share_total = 0;
   if (schedule == BackwardSchedule::kWholeHeads) {
-    share_total = static_cast<size_t>(threads) * 2 * share_elems;
+    share_total = static_cast<size_t>(threads) * (plan.dq_groups > 1 ? 2 : 1) * share_elems;
   } else if (schedule == BackwardSchedule::kKeyTileGroups) {
     share_total = static_cast<size_t>(slices * plan.dq_groups) * share_elems;
   }
+  const bool sparse = p.layout != nullptr;
+  // The one-pass schedules walk a slice's key tiles, each visited by several query tiles (YLG's
+  // repetitive columns: by all of them), so its query side is gathered once per slice; the bf16
+  // products pack pairs at each visit instead.
+  const bool gather = sparse && schedule != BackwardSchedule::kTwoPasses && !plan.native_bf16;
+  const size_t gathered_elems =
+      gather ? static_cast<size_t>(threads) * plan.share_rows *
+                   (plan.dim_qk_pad + plan.dim_v_pad + 2)
+             : 0;
   const size_t delta_elems = static_cast<size_t>(slices * p.len_q);
-  const size_t elems =
-      plan.scratch_elems * static_cast<size_t>(threads) + share_total + delta_elems;
+  const size_t elems = plan.scratch_elems * static_cast<size_t>(threads) + share_total +
+                       gathered_elems + delta_elems;
   const size_t bytes = elems * sizeof(T);
   Workspace ws(host);
   if (!ws.allocate(bytes)) {
@@ -812,21 +899,16 @@ Status Backward(const AttentionBackwardParams& bp, const Host& host) {
   }
   plan.workspace = reinterpret_cast<T*>(ws.data());
   plan.dq_shares = plan.workspace + plan.scratch_elems * static_cast<size_t>(threads);
-  plan.deltas = plan.dq_shares + share_total;
+  if (gather) plan.gathered = plan.dq_shares + share_total;
+  plan.deltas = plan.dq_shares + share_total + gathered_elems;
   run_tasks(host, slices * plan.sum_chunks, &plan, DeltaTask<T, IO>);
-  const bool sparse = p.layout != nullptr;
-  if (sparse) {
-    // Keys and queries outside every tile of a layout get no gradient: start from zeros. The
-    // one-pass schedules write every dQ row from their shares (zero where no tile reaches).
-    ZeroSlices<IO>(bp, /*with_dq=*/schedule == BackwardSchedule::kTwoPasses);
-  }
   switch (schedule) {
     case BackwardSchedule::kWholeHeads:
       run_tasks(host, slices, &plan, HeadTask<T, IO>);
       break;
     case BackwardSchedule::kKeyTileGroups:
       run_tasks(host, slices * plan.dq_groups, &plan, GroupTask<T, IO>);
-      run_tasks(host, slices * plan.sum_chunks, &plan, GroupSumTask<T, IO>);
+      run_tasks(host, slices * plan.share_chunks, &plan, GroupSumTask<T, IO>);
       break;
     case BackwardSchedule::kTwoPasses:
       run_tasks(host, slices * plan.k_tiles, &plan,

@@ -17,8 +17,9 @@ namespace attn2d {
 namespace testing {
 namespace {
 
-// A random layout over len_q queries and len_k keys: rows shuffled into tiles (a partition),
-// each (query tile, key tile) pair visited with probability 0.6 and masked at random or full.
+// A random layout over len_q queries and len_k keys: rows shuffled into tiles (a partition, or
+// with `drop` > 0 a part: each row left out of every tile with that probability), each (query
+// tile, key tile) pair visited with probability 0.6 and masked at random or full.
 struct RandomLayout {
   std::vector<std::int32_t> head_layout, q_rows, k_rows, fwd_k_tile, bwd_q_tile;
   std::vector<std::int64_t> q_begin, k_begin, fwd_begin, fwd_mask, bwd_begin, bwd_mask;
@@ -27,7 +28,7 @@ struct RandomLayout {
   SparseLayout view;
 
   RandomLayout(std::int64_t heads, std::int64_t len_q, std::int64_t len_k, int layouts,
-               std::int64_t block_q, std::uint64_t seed) {
+               std::int64_t block_q, std::uint64_t seed, double drop = 0.0) {
     std::mt19937_64 rng(seed);
     dense.assign(static_cast<size_t>(layouts * len_q * len_k), 0);
     q_begin = {0};
@@ -39,6 +40,12 @@ struct RandomLayout {
         std::vector<std::int32_t> perm(static_cast<size_t>(len));
         std::iota(perm.begin(), perm.end(), 0);
         std::shuffle(perm.begin(), perm.end(), rng);
+        if (drop > 0) {
+          std::bernoulli_distribution out(drop);
+          perm.erase(std::remove_if(perm.begin(), perm.end(), [&](std::int32_t) { return out(rng); }),
+                     perm.end());
+          len = static_cast<std::int64_t>(perm.size());
+        }
         std::int64_t n = 0;
         for (std::int64_t i = 0; i < len;) {
           // Ragged tiles: some shorter than the block.
@@ -224,6 +231,23 @@ TEST(SparseLayoutValidation, MalformedLayoutsAreInvalidArguments) {
     c.mutate(bad);
     p.layout = &bad.view;
     EXPECT_EQ(validate(p).code(), StatusCode::kInvalidArgument) << c.what;
+  }
+  // Rows in no tile: the kernels write a row only from the tile that holds it.
+  RandomLayout part(2, 40, 70, 1, 16, 5, /*drop=*/0.2);
+  p.layout = &part.view;
+  EXPECT_EQ(validate(p).code(), StatusCode::kInvalidArgument) << "rows in no tile";
+  for (const bool query : {true, false}) {
+    RandomLayout one(2, 40, 70, 1, 16, 5);
+    // Drops the last row of the first tile (the padding stays at the tile's end).
+    std::vector<std::int32_t>& rows = query ? one.q_rows : one.k_rows;
+    const std::int64_t block = query ? 16 : 64;
+    std::int64_t last = 0;
+    while (last + 1 < block && rows[static_cast<size_t>(last + 1)] >= 0) ++last;
+    rows[static_cast<size_t>(last)] = -1;
+    p.layout = &one.view;
+    const Status s = validate(p);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << (query ? "query" : "key");
+    EXPECT_NE(s.message().find("is in none"), std::string::npos) << s.message();
   }
   p.layout = &good.view;
   p.is_causal = true;
