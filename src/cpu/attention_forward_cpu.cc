@@ -50,39 +50,42 @@ struct ForwardPlan {
   // rounded to bf16 once, as naive bf16 attention rounds it.
   bool native_bf16 = false;
 
-  // More than one query tile a head (dense or sparse): each thread keeps every packed K^T
-  // and V tile of the head it last worked on, so the next query tiles of that head (the
-  // binding's threads take contiguous runs of tasks) skip the packing, which re-ran for every
-  // query tile and took ~7% of the bf16 ViT-B N=1024 forward; a sparse layout's key tile is
-  // visited by many query tiles (YLG's repetitive columns: all of them), in no set order, each
-  // visit gathering its scattered rows again. Off (0) where a head's tiles exceed
-  // kKvCacheBytes a thread.
+  // More than one query tile a head (dense or sparse): each thread keeps packed K^T and V
+  // tiles of the head it last worked on, so the next query tiles of that head (the binding's
+  // threads take contiguous runs of tasks) skip the packing, which re-ran for every query tile
+  // and took ~7% of the bf16 ViT-B N=1024 forward; a sparse layout's key tile is visited by
+  // many query tiles (YLG's repetitive columns: all of them), in no set order, each visit
+  // gathering its scattered rows again. Key tile t sits in slot t % cached_kv_tiles. Dense
+  // attention holds every tile of a head or none (0): its query tiles walk all the key tiles in
+  // order, which a smaller cache would evict before their reuse. A sparse layout's head whose
+  // tiles exceed kKvCacheBytes holds as many as fit: a YLG query tile reuses its repetitive
+  // columns (tiles 0 and 1 at 256x256 over 128x128, one of ~1000) and its neighbours' tiles.
   std::int64_t cached_kv_tiles = 0;
   std::int64_t* held_slice = nullptr;  // (threads,) b * heads + h of the thread's tiles, or -1
-  std::uint8_t* held = nullptr;  // (threads, cached_kv_tiles): 1 where the slot holds that tile
+  std::int32_t* held = nullptr;  // (threads, cached_kv_tiles): the tile in each slot, or -1
 
-  // The thread's flags for slice `slice` (cleared when the thread moves to another slice), or
+  // The thread's slots for slice `slice` (emptied when the thread moves to another slice), or
   // null when the cache is off.
-  std::uint8_t* held_tiles(int thread, std::int64_t slice) const {
+  std::int32_t* held_tiles(int thread, std::int64_t slice) const {
     if (cached_kv_tiles == 0) return nullptr;
     const size_t n = static_cast<size_t>(cached_kv_tiles);
-    std::uint8_t* flags = held + static_cast<size_t>(thread) * n;
+    std::int32_t* slots = held + static_cast<size_t>(thread) * n;
     if (held_slice[thread] != slice) {
       held_slice[thread] = slice;
-      std::fill(flags, flags + n, std::uint8_t{0});
+      std::fill(slots, slots + n, -1);
     }
-    return flags;
+    return slots;
   }
   // Where key tile `tile` (local to the head) goes: its cache slot and whether it must be packed
-  // there first (marking it held); slot 0, always packed, when the cache is off.
-  size_t slot_of(std::uint8_t* flags, std::int64_t tile, bool* pack) const {
-    if (flags == nullptr) {
+  // there first (the slot then holds it); slot 0, always packed, when the cache is off.
+  size_t slot_of(std::int32_t* slots, std::int64_t tile, bool* pack) const {
+    if (slots == nullptr) {
       *pack = true;
       return 0;
     }
-    const size_t slot = static_cast<size_t>(tile);
-    *pack = flags[slot] == 0;
-    flags[slot] = 1;
+    const size_t slot = static_cast<size_t>(tile % cached_kv_tiles);
+    *pack = slots[slot] != tile;
+    slots[slot] = static_cast<std::int32_t>(tile);
     return slot;
   }
 
@@ -306,7 +309,7 @@ void ForwardTask(void* ctx, std::int64_t task, int thread) {
   const std::int64_t key_end =
       p.is_causal ? std::min<std::int64_t>(p.len_k, i0 + static_cast<std::int64_t>(rows.count))
                   : p.len_k;
-  std::uint8_t* held = plan.held_tiles(thread, bh);
+  std::int32_t* held = plan.held_tiles(thread, bh);
   for (std::int64_t j0 = 0; j0 < key_end; j0 += plan.tiles.block_k) {
     const Rows keys{nullptr, j0, static_cast<size_t>(std::min(plan.tiles.block_k, p.len_k - j0))};
     bool pack;
@@ -360,7 +363,7 @@ void SparseForwardTask(void* ctx, std::int64_t task, int thread) {
   const auto a = plan.thread_arrays(thread);
   StartQueryTile<T, IO>(p, plan, b, h, rows, a);
   PrefetchQueryTile<T, IO>(p, plan, task + 1);
-  std::uint8_t* held = plan.held_tiles(thread, b * p.heads + h);
+  std::int32_t* held = plan.held_tiles(thread, b * p.heads + h);
   const std::int64_t first_tile = lay.k_tile_begin[lay.head_layout[h]];
   for (std::int64_t visit = lay.fwd_begin[g]; visit < lay.fwd_begin[g + 1]; ++visit) {
     const Rows keys = LayoutTileRows(lay, lay.fwd_k_tile[visit], /*query=*/false);
@@ -395,20 +398,22 @@ Status Forward(const AttentionParams& p, const Host& host) {
   plan.ld_v = plan.dim_v_pad + L;
   const int threads = std::max(host.num_threads, 1);
   std::vector<std::int64_t> held_slice(static_cast<size_t>(threads), -1);
-  std::vector<std::uint8_t> held;
+  std::vector<std::int32_t> held;
   if (plan.q_tiles > 1) {
     // 4 MiB a thread: every key tile of a ViT-B head (d = 64, 148 KiB a tile of 256 keys in
-    // float32) up to 6912 keys; of a YLG head at E = Ev = 16 (13 KiB a tile of 64 keys) up to
-    // 20160 keys.
+    // float32) up to 6912 keys; 315 tiles of a YLG head at E = Ev = 16 (13 KiB a tile of up to
+    // 64 keys), every one at 128x128 over 64x64 (at most 253 a head).
     constexpr size_t kKvCacheBytes = size_t{4} << 20;
     const std::int64_t k_tiles =
         p.layout != nullptr ? MostLayoutTiles(*p.layout, /*query=*/false)
                             : (p.len_k + plan.tiles.block_k - 1) / plan.tiles.block_k;
-    const size_t head_bytes =
-        static_cast<size_t>(k_tiles) * (plan.kt_elems() + plan.v_elems()) * sizeof(T);
-    if (k_tiles > 0 && head_bytes <= kKvCacheBytes) {
-      plan.cached_kv_tiles = k_tiles;
-      held.assign(static_cast<size_t>(threads * k_tiles), std::uint8_t{0});
+    const std::int64_t fit = static_cast<std::int64_t>(
+        kKvCacheBytes / ((plan.kt_elems() + plan.v_elems()) * sizeof(T)));
+    const std::int64_t slots =
+        k_tiles <= fit ? k_tiles : (p.layout != nullptr ? fit : std::int64_t{0});
+    if (slots > 0) {
+      plan.cached_kv_tiles = slots;
+      held.assign(static_cast<size_t>(threads * slots), -1);
       plan.held_slice = held_slice.data();
       plan.held = held.data();
     }

@@ -203,6 +203,12 @@ TEST_P(SparseAttention, RandomLayoutsMatchTheDenseMaskOracle) {
   expect_sparse_matches_dense<float>(2, 2, 100, 90, 8, 24, 2, 32, 3);
 }
 
+// Wide heads: a thread's 4 MiB of packed key tiles holds 7 of a head's ~21 (561 KiB a tile at
+// E = Ev = 512 in float64), so visits share slots and re-pack evicted tiles.
+TEST_P(SparseAttention, KeyTilesBeyondTheForwardCacheMatchTheOracle) {
+  expect_sparse_matches_dense<double>(1, 2, 40, 700, 512, 512, 2, 16, 6);
+}
+
 TEST(SparseLayoutValidation, MalformedLayoutsAreInvalidArguments) {
   RandomLayout good(2, 40, 70, 1, 16, 5);
   auto pr = make_problem<float>(1, 2, 40, 70, 4, 4, Layout::kContiguous, 5);
