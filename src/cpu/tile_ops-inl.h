@@ -74,25 +74,23 @@ HWY_INLINE void BlockRowsx2(D d, size_t K, const T* HWY_RESTRICT A, size_t a_rs,
   }
 }
 
-template <bool kAccumulate, class D, typename T>
-HWY_INLINE void Block4x1(D d, size_t K, const T* HWY_RESTRICT A, size_t a_rs, size_t a_ks,
-                         const T* HWY_RESTRICT B, size_t ldb, T* HWY_RESTRICT C, size_t ldc) {
-  auto c0 = kAccumulate ? hn::LoadU(d, C + 0 * ldc) : hn::Zero(d);
-  auto c1 = kAccumulate ? hn::LoadU(d, C + 1 * ldc) : hn::Zero(d);
-  auto c2 = kAccumulate ? hn::LoadU(d, C + 2 * ldc) : hn::Zero(d);
-  auto c3 = kAccumulate ? hn::LoadU(d, C + 3 * ldc) : hn::Zero(d);
+// kRows x 1 vector of C: the last (or only) vector of columns, e.g. P*V at Ev <= 16 floats.
+// 4 rows kept 4 multiply-add chains in flight, half the 8 that 4-cycle FMAs at 2 a cycle need.
+template <size_t kRows, bool kAccumulate, class D, typename T>
+HWY_INLINE void BlockRowsx1(D d, size_t K, const T* HWY_RESTRICT A, size_t a_rs, size_t a_ks,
+                            const T* HWY_RESTRICT B, size_t ldb, T* HWY_RESTRICT C, size_t ldc) {
+  using V = decltype(hn::Zero(d));
+  V c[kRows];
+  HWY_UNROLL(12)
+  for (size_t r = 0; r < kRows; ++r) c[r] = kAccumulate ? hn::LoadU(d, C + r * ldc) : hn::Zero(d);
   for (size_t k = 0; k < K; ++k) {
     const auto b = hn::LoadU(d, B + k * ldb);
-    const size_t ak = k * a_ks;
-    c0 = hn::MulAdd(hn::Set(d, A[ak]), b, c0);
-    c1 = hn::MulAdd(hn::Set(d, A[a_rs + ak]), b, c1);
-    c2 = hn::MulAdd(hn::Set(d, A[2 * a_rs + ak]), b, c2);
-    c3 = hn::MulAdd(hn::Set(d, A[3 * a_rs + ak]), b, c3);
+    const T* a = A + k * a_ks;
+    HWY_UNROLL(12)
+    for (size_t r = 0; r < kRows; ++r) c[r] = hn::MulAdd(hn::Set(d, a[r * a_rs]), b, c[r]);
   }
-  hn::StoreU(c0, d, C + 0 * ldc);
-  hn::StoreU(c1, d, C + 1 * ldc);
-  hn::StoreU(c2, d, C + 2 * ldc);
-  hn::StoreU(c3, d, C + 3 * ldc);
+  HWY_UNROLL(12)
+  for (size_t r = 0; r < kRows; ++r) hn::StoreU(c[r], d, C + r * ldc);
 }
 
 template <bool kAccumulate, class D, typename T>
@@ -148,8 +146,13 @@ HWY_NOINLINE void Gemm(size_t M, size_t N, size_t K, const T* HWY_RESTRICT A, si
   }
   for (; n < N; n += L) {
     size_t m = 0;
+    for (; m + kRows <= M; m += kRows) {
+      BlockRowsx1<kRows, kAccumulate>(d, K, A + m * a_rs, a_rs, a_ks, B + n, ldb,
+                                      C + m * ldc + n, ldc);
+    }
     for (; m + 4 <= M; m += 4) {
-      Block4x1<kAccumulate>(d, K, A + m * a_rs, a_rs, a_ks, B + n, ldb, C + m * ldc + n, ldc);
+      BlockRowsx1<4, kAccumulate>(d, K, A + m * a_rs, a_rs, a_ks, B + n, ldb, C + m * ldc + n,
+                                  ldc);
     }
     for (; m < M; ++m) {
       Block1x1<kAccumulate>(d, K, A + m * a_rs, a_ks, B + n, ldb, C + m * ldc + n);
