@@ -91,8 +91,7 @@ def _ylg_plan(pattern: P.YLG, kind: str, q_hw, kv_hw):
     is_special[special] = True
     rest = positions[~is_special]
     n_special_tiles = (special.numel() + BLOCK_K - 1) // BLOCK_K
-    import os
-    if special.numel() > 0 or (os.environ.get("FLOORRUN") and n > BLOCK_K):
+    if special.numel() > 0:
         # A repetitive pattern's query sees one key outside the special columns, its own
         # position: the other positions are cut where the query tiles' positions end, so a
         # tile of queries (16 positions when 4 queries share each, as with 2x2-pooled keys)

@@ -22,8 +22,8 @@ Status check_pointer(const void* ptr, bool needed, const char* name) {
 
 // A layout is trusted only after these checks: every index the kernels follow is in range,
 // each layout's tiles partition the rows (so no two tasks write one gradient row, and every
-// row is written by one), and the
-// backward's visit lists are exactly the forward's, transposed.
+// row is written by one), and the backward's visit lists are exactly the forward's,
+// transposed.
 Status validate_layout(const AttentionParams& p) {
   const SparseLayout& lay = *p.layout;
   auto bad = [](const std::string& what) {
