@@ -881,13 +881,14 @@ Status Backward(const AttentionBackwardParams& bp, const Host& host) {
   }
   const bool sparse = p.layout != nullptr;
   // The one-pass schedules walk a slice's key tiles, each visited by several query tiles (YLG's
-  // repetitive columns: by all of them), so its query side is gathered once per slice; the bf16
-  // products pack pairs at each visit instead.
-  const bool gather = sparse && schedule != BackwardSchedule::kTwoPasses && !plan.native_bf16;
-  const size_t gathered_elems =
-      gather ? static_cast<size_t>(threads) * plan.share_rows *
-                   (plan.dim_qk_pad + plan.dim_v_pad + 2)
-             : 0;
+  // repetitive columns: by all of them), so its query side is gathered once per slice, within
+  // the same 256 MiB as the shares (at 32 threads, len_q = 65536, E = 8, Ev = 32 it would take
+  // 400 MiB on AVX-512); the bf16 products pack pairs at each visit instead.
+  const size_t gather_elems = static_cast<size_t>(threads) * plan.share_rows *
+                              (plan.dim_qk_pad + plan.dim_v_pad + 2);
+  const bool gather = sparse && schedule != BackwardSchedule::kTwoPasses && !plan.native_bf16 &&
+                      gather_elems * sizeof(T) <= kMaxShareBytes;
+  const size_t gathered_elems = gather ? gather_elems : 0;
   const size_t delta_elems = static_cast<size_t>(slices * p.len_q);
   const size_t elems = plan.scratch_elems * static_cast<size_t>(threads) + share_total +
                        gathered_elems + delta_elems;
