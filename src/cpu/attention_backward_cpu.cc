@@ -63,13 +63,14 @@ struct BackwardPlan {
   // order of the head's layout tiles (tile t's rows from t * block_q), so that a visit adds its
   // dQ term to consecutive rows.
   size_t share_rows;
-  std::int64_t share_chunks;  // runs of block_q share rows in which the groups' shares are summed
   size_t scratch_elems;  // per thread
   T* workspace;
   T* dq_shares = nullptr;  // whole heads: (threads, 1 or 2, share_rows, E_pad); key-tile
                            // groups: (batch * heads, dq_groups, share_rows, E_pad)
-  // Sparse layouts in the one-pass schedules, float products: (threads, share_rows, E_pad +
-  // Ev_pad + 2), the query side of the slice a thread walks (GatheredQueries).
+  // Sparse layouts in the one-pass schedules, float products: per thread, the query side of
+  // the slice it walks, packed as PackQueryTile packs a tile, for every tile of the head's
+  // layout in tile order: (share_rows, E_pad) scaled q, (share_rows, Ev_pad) dO, then
+  // (share_rows,) lse and (share_rows,) delta.
   T* gathered = nullptr;
   T* deltas = nullptr;  // (batch * heads, len_q): rowsum(dO * O), computed once before the tiles
   // bf16 tensors on a CPU with AVX512-BF16: all five products (S = Q K^T, dP = dO V^T,
@@ -118,20 +119,23 @@ struct BackwardPlan {
   Arrays thread_arrays(int thread) const {
     return carve(workspace + static_cast<size_t>(thread) * scratch_elems);
   }
-
-  // The query side of one slice, packed as PackQueryTile packs a tile, for every tile of the
-  // head's layout at once, in tile order (tile t's rows from t * block_q).
-  struct GatheredQueries {
-    T* q;      // (share_rows, E_pad), times scale
-    T* dout;   // (share_rows, Ev_pad)
-    T* lse;    // (share_rows,)
-    T* delta;  // (share_rows,)
-  };
-  GatheredQueries gathered_queries(int thread) const {
+  // Runs of block_q share rows (a sparse layout's tiles) in which the groups' shares are summed.
+  std::int64_t share_chunks() const {
+    return static_cast<std::int64_t>((share_rows + tiles.block_q - 1) / tiles.block_q);
+  }
+  // This thread's gathered query side (null when the plan has none).
+  T* gathered_side(int thread) const {
+    if (gathered == nullptr) return nullptr;
+    return gathered + static_cast<size_t>(thread) * share_rows * (dim_qk_pad + dim_v_pad + 2);
+  }
+  // a with its query side (q, dout, lse, delta) at share row `row` of the gathered side `side`.
+  Arrays query_side_at(Arrays a, T* side, size_t row) const {
     const size_t n = share_rows;
-    T* base = gathered + static_cast<size_t>(thread) * n * (dim_qk_pad + dim_v_pad + 2);
-    return {base, base + n * dim_qk_pad, base + n * (dim_qk_pad + dim_v_pad),
-            base + n * (dim_qk_pad + dim_v_pad + 1)};
+    a.q = side + row * dim_qk_pad;
+    a.dout = side + n * dim_qk_pad + row * dim_v_pad;
+    a.lse = side + n * (dim_qk_pad + dim_v_pad) + row;
+    a.delta = side + n * (dim_qk_pad + dim_v_pad + 1) + row;
+    return a;
   }
 };
 
@@ -226,36 +230,22 @@ HWY_INLINE void PrefetchQueryRows(const BackwardPlan<T>& plan, std::int64_t b, s
   PrefetchRows<false>(plan.deltas + (b * p.heads + h) * p.len_q, rows, 1, 1, 1);
 }
 
-// Packs the query side of slice (b, h) for every query tile of the head's layout into g, once per
-// slice: a sparse tile's rows are scattered (a YLG tile's queries lie along Manhattan
+// Packs the query side of slice (b, h) for every query tile of the head's layout into `side`
+// (BackwardPlan::gathered), once per slice: a sparse tile's rows are scattered (a YLG tile's queries lie along Manhattan
 // anti-diagonals, one cache line each), and PackQueryTile's gather of them at every visit,
 // with its prefetches, was ~25% of SparseKeyTile's own samples (YLG 128x128, one thread).
 // Tried and slower (perf samples over the same calls, against this gather's 0.32 of the
 // forward task's): requesting the next tile's lines before each copy, 0.36; walking the rows
 // in raster order and writing each to its slot, 0.35-0.37.
 template <typename T, typename IO>
-void GatherQuerySide(const BackwardPlan<T>& plan, std::int64_t b, std::int64_t h,
-                     const typename BackwardPlan<T>::GatheredQueries& g) {
-  const AttentionBackwardParams& bp = *plan.bp;
-  const AttentionParams& p = bp.fwd;
-  const size_t E = static_cast<size_t>(p.dim_qk), Ev = static_cast<size_t>(p.dim_v);
-  const size_t bq = static_cast<size_t>(plan.tiles.block_q);
-  const IO* q = static_cast<const IO*>(p.q) + offset4(p.q_stride, b, h, 0, 0);
-  const IO* dout = static_cast<const IO*>(bp.dout) + offset4(bp.dout_stride, b, h, 0, 0);
-  const T* lse = static_cast<const T*>(p.lse) + b * p.lse_stride[0] + h * p.lse_stride[1];
-  const T* deltas = plan.deltas + (b * p.heads + h) * p.len_q;
+void GatherQuerySide(const BackwardPlan<T>& plan, std::int64_t b, std::int64_t h, T* side,
+                     const typename BackwardPlan<T>::Arrays& a) {
   std::int64_t global;
   Rows rows;
-  for (std::int64_t t = 0; LayoutTile(*p.layout, h, t, /*query=*/true, &global, &rows); ++t) {
-    const size_t r0 = static_cast<size_t>(t) * bq;
-    PackRows(q, rows, p.q_stride[2], p.q_stride[3], E, static_cast<T>(p.scale),
-             g.q + r0 * plan.dim_qk_pad, plan.dim_qk_pad, rows.count);
-    PackRows(dout, rows, bp.dout_stride[2], bp.dout_stride[3], Ev, T(1),
-             g.dout + r0 * plan.dim_v_pad, plan.dim_v_pad, rows.count);
-    for (size_t r = 0; r < rows.count; ++r) {
-      g.lse[r0 + r] = lse[rows[r] * p.lse_stride[2]];
-      g.delta[r0 + r] = deltas[rows[r]];
-    }
+  for (std::int64_t t = 0; LayoutTile(*plan.bp->fwd.layout, h, t, /*query=*/true, &global, &rows);
+       ++t) {
+    PackQueryTile<T, IO>(*plan.bp, plan, b, h, rows,
+                         plan.query_side_at(a, side, static_cast<size_t>(t * plan.tiles.block_q)));
   }
 }
 
@@ -546,7 +536,7 @@ void KeyTile(const BackwardPlan<T>& plan, std::int64_t b, std::int64_t h, std::i
 template <typename T, typename IO>
 void SparseKeyTile(const BackwardPlan<T>& plan, std::int64_t b, std::int64_t h,
                    std::int64_t local, T* dq_share, const typename BackwardPlan<T>::Arrays& a,
-                   const typename BackwardPlan<T>::GatheredQueries* gathered) {
+                   T* gathered) {
   const AttentionBackwardParams& bp = *plan.bp;
   const AttentionParams& p = bp.fwd;
   const SparseLayout& lay = *p.layout;
@@ -561,16 +551,13 @@ void SparseKeyTile(const BackwardPlan<T>& plan, std::int64_t b, std::int64_t h,
   PackKeyTile<T, IO>(p, plan, b, h, keys, cols_pad, /*row_major_k=*/dq_share != nullptr, a);
   std::fill(a.dk, a.dk + cols * plan.dim_qk_pad, T(0));
   std::fill(a.dv, a.dv + cols * plan.dim_v_pad, T(0));
-  auto visit_arrays = a;  // a, or a with the query side pointing into `gathered`
+  auto visit_arrays = a;  // a, or a with its query side in `gathered`
   for (std::int64_t visit = lay.bwd_begin[g]; visit < lay.bwd_begin[g + 1]; ++visit) {
     const Rows rows = LayoutTileRows(lay, lay.bwd_q_tile[visit], /*query=*/true);
     const size_t r0 = static_cast<size_t>(lay.bwd_q_tile[visit] - first_q_tile) * bq;
     const std::uint64_t* words = MaskWords(lay, lay.bwd_mask[visit]);
     if (gathered != nullptr) {
-      visit_arrays.q = gathered->q + r0 * plan.dim_qk_pad;
-      visit_arrays.dout = gathered->dout + r0 * plan.dim_v_pad;
-      visit_arrays.lse = gathered->lse + r0;
-      visit_arrays.delta = gathered->delta + r0;
+      visit_arrays = plan.query_side_at(a, gathered, r0);
     } else {
       // The next visit's rows; at the last visit, those of the first visit of the head's next
       // key tile (the one this thread takes next, in every schedule that calls this).
@@ -631,15 +618,9 @@ void KeyTileGroup(const BackwardPlan<T>& plan, std::int64_t b, std::int64_t h, s
   std::int64_t first, last;
   GroupTiles(KeyTilesOf(plan, h), plan.dq_groups, g, &first, &last);
   if (p.layout != nullptr) {
-    typename BackwardPlan<T>::GatheredQueries gathered{};
-    if (plan.gathered != nullptr) {
-      gathered = plan.gathered_queries(thread);
-      GatherQuerySide<T, IO>(plan, b, h, gathered);
-    }
-    for (std::int64_t t = first; t < last; ++t) {
-      SparseKeyTile<T, IO>(plan, b, h, t, share, a,
-                           plan.gathered != nullptr ? &gathered : nullptr);
-    }
+    T* side = plan.gathered_side(thread);
+    if (side != nullptr) GatherQuerySide<T, IO>(plan, b, h, side, a);
+    for (std::int64_t t = first; t < last; ++t) SparseKeyTile<T, IO>(plan, b, h, t, share, a, side);
     return;
   }
   for (std::int64_t t = first; t < last; ++t) {
@@ -686,10 +667,6 @@ void HeadTask(void* ctx, std::int64_t task, int thread) {
     KeyTileGroup<T, IO>(plan, b, h, g, sum + n, thread);
     AddRow(sum, sum + n, n);
   }
-  if (p.layout == nullptr) {
-    StoreQueryGrad<T, IO>(plan, b, h, Rows{nullptr, 0, static_cast<size_t>(p.len_q)}, sum);
-    return;
-  }
   Rows rows;
   for (std::int64_t t = 0; ShareChunkRows(plan, h, t, &rows); ++t) {
     StoreQueryGrad<T, IO>(plan, b, h, rows,
@@ -714,7 +691,7 @@ template <typename T, typename IO>
 void GroupSumTask(void* ctx, std::int64_t task, int /*thread*/) {
   const BackwardPlan<T>& plan = *static_cast<const BackwardPlan<T>*>(ctx);
   const AttentionParams& p = plan.bp->fwd;
-  const std::int64_t bh = task / plan.share_chunks, chunk = task % plan.share_chunks;
+  const std::int64_t bh = task / plan.share_chunks(), chunk = task % plan.share_chunks();
   Rows rows;
   if (!ShareChunkRows(plan, bh % p.heads, chunk, &rows)) return;
   const size_t n = plan.share_rows * plan.dim_qk_pad;
@@ -856,7 +833,6 @@ Status Backward(const AttentionBackwardParams& bp, const Host& host) {
   const int threads = std::max(host.num_threads, 1);
   const std::int64_t slices = p.batch * p.heads;
   plan.sum_chunks = (p.len_q + plan.tiles.block_q - 1) / plan.tiles.block_q;
-  plan.share_chunks = p.layout != nullptr ? plan.q_tiles : plan.sum_chunks;
   plan.share_rows = p.layout != nullptr
                         ? static_cast<size_t>(plan.q_tiles * plan.tiles.block_q)
                         : static_cast<size_t>(p.len_q);
@@ -909,7 +885,7 @@ Status Backward(const AttentionBackwardParams& bp, const Host& host) {
       break;
     case BackwardSchedule::kKeyTileGroups:
       run_tasks(host, slices * plan.dq_groups, &plan, GroupTask<T, IO>);
-      run_tasks(host, slices * plan.share_chunks, &plan, GroupSumTask<T, IO>);
+      run_tasks(host, slices * plan.share_chunks(), &plan, GroupSumTask<T, IO>);
       break;
     case BackwardSchedule::kTwoPasses:
       run_tasks(host, slices * plan.k_tiles, &plan,

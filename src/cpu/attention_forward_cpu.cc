@@ -135,7 +135,6 @@ HWY_INLINE void FinishQueryTile(const AttentionParams& p, const ForwardPlan<T>& 
   const size_t Ev = static_cast<size_t>(p.dim_v), Evp = plan.dim_v_pad;
   IO* out = static_cast<IO*>(p.out) + offset4(p.out_stride, b, h, 0, 0);
   T* lse = static_cast<T*>(p.lse);
-  const std::int64_t cs = p.out_stride[3];
   HWY_ALIGN T inv_l[HWY_MAX_BYTES / sizeof(T)];
   HWY_ALIGN T log_sum[HWY_MAX_BYTES / sizeof(T)];
   for (size_t r0 = 0; r0 < rows.count; r0 += L) {
@@ -151,23 +150,8 @@ HWY_INLINE void FinishQueryTile(const AttentionParams& p, const ForwardPlan<T>& 
     hn::Store(LogSumExp(d, vm, vl), d, log_sum);
     for (size_t i = 0; i < n; ++i) {
       const size_t r = r0 + i;
-      IO* o = out + rows[r] * p.out_stride[2];
-      const T* acc = a.acc + r * Evp;
-      if constexpr (std::is_same<IO, T>::value) {
-        if (cs == 1) {
-          const auto scale = hn::Set(d, inv_l[i]);
-          size_t e = 0;
-          for (; e + L <= Ev; e += L) hn::StoreU(hn::Mul(hn::LoadU(d, acc + e), scale), d, o + e);
-          if (e < Ev) {
-            hn::BlendedStore(hn::Mul(hn::LoadU(d, acc + e), scale), hn::FirstN(d, Ev - e), d,
-                             o + e);
-          }
-          continue;
-        }
-      }
-      for (size_t e = 0; e < Ev; ++e) {
-        o[static_cast<std::int64_t>(e) * cs] = Store<IO>(acc[e] * inv_l[i]);
-      }
+      StoreTile(a.acc + r * Evp, Evp, Rows{nullptr, rows[r], 1}, Ev, inv_l[i], out,
+                p.out_stride[2], p.out_stride[3]);
     }
     if (lse != nullptr) {
       T* lse_bh = lse + b * p.lse_stride[0] + h * p.lse_stride[1];

@@ -93,31 +93,6 @@ HWY_INLINE void BlockRowsx1(D d, size_t K, const T* HWY_RESTRICT A, size_t a_rs,
   for (size_t r = 0; r < kRows; ++r) hn::StoreU(c[r], d, C + r * ldc);
 }
 
-template <bool kAccumulate, class D, typename T>
-HWY_INLINE void Block1x2(D d, size_t K, const T* HWY_RESTRICT A, size_t a_ks,
-                         const T* HWY_RESTRICT B, size_t ldb, T* HWY_RESTRICT C) {
-  const size_t L = hn::Lanes(d);
-  auto c0 = kAccumulate ? hn::LoadU(d, C) : hn::Zero(d);
-  auto c1 = kAccumulate ? hn::LoadU(d, C + L) : hn::Zero(d);
-  for (size_t k = 0; k < K; ++k) {
-    const auto a = hn::Set(d, A[k * a_ks]);
-    c0 = hn::MulAdd(a, hn::LoadU(d, B + k * ldb), c0);
-    c1 = hn::MulAdd(a, hn::LoadU(d, B + k * ldb + L), c1);
-  }
-  hn::StoreU(c0, d, C);
-  hn::StoreU(c1, d, C + L);
-}
-
-template <bool kAccumulate, class D, typename T>
-HWY_INLINE void Block1x1(D d, size_t K, const T* HWY_RESTRICT A, size_t a_ks,
-                         const T* HWY_RESTRICT B, size_t ldb, T* HWY_RESTRICT C) {
-  auto c0 = kAccumulate ? hn::LoadU(d, C) : hn::Zero(d);
-  for (size_t k = 0; k < K; ++k) {
-    c0 = hn::MulAdd(hn::Set(d, A[k * a_ks]), hn::LoadU(d, B + k * ldb), c0);
-  }
-  hn::StoreU(c0, d, C);
-}
-
 template <bool kAccumulate, typename T>
 HWY_NOINLINE void Gemm(size_t M, size_t N, size_t K, const T* HWY_RESTRICT A, size_t a_rs,
                        size_t a_ks, const T* HWY_RESTRICT B, size_t ldb, T* HWY_RESTRICT C,
@@ -141,7 +116,8 @@ HWY_NOINLINE void Gemm(size_t M, size_t N, size_t K, const T* HWY_RESTRICT A, si
                                   ldc);
     }
     for (; m < M; ++m) {
-      Block1x2<kAccumulate>(d, K, A + m * a_rs, a_ks, B + n, ldb, C + m * ldc + n);
+      BlockRowsx2<1, kAccumulate>(d, K, A + m * a_rs, a_rs, a_ks, B + n, ldb, C + m * ldc + n,
+                                  ldc);
     }
   }
   for (; n < N; n += L) {
@@ -155,7 +131,8 @@ HWY_NOINLINE void Gemm(size_t M, size_t N, size_t K, const T* HWY_RESTRICT A, si
                                   ldc);
     }
     for (; m < M; ++m) {
-      Block1x1<kAccumulate>(d, K, A + m * a_rs, a_ks, B + n, ldb, C + m * ldc + n);
+      BlockRowsx1<1, kAccumulate>(d, K, A + m * a_rs, a_rs, a_ks, B + n, ldb, C + m * ldc + n,
+                                  ldc);
     }
   }
 }
