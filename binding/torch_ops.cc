@@ -170,8 +170,9 @@ AttentionParams make_params(const at::Tensor& q, const at::Tensor& k, const at::
   return p;
 }
 
-// The forward of both ops; with a layout, rows outside every query tile keep out = 0 and
-// lse = -inf (fully masked).
+// The forward of both ops. Every row is written, with a layout too: validate_layout requires
+// each layout's query tiles to hold every row (a zero fill of out was 4.5% of the YLG 128x128
+// forward's samples, one thread).
 std::tuple<at::Tensor, at::Tensor> forward_with_layout(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const std::optional<at::Tensor>& attn_mask, bool is_causal, double scale,
@@ -181,10 +182,8 @@ std::tuple<at::Tensor, at::Tensor> forward_with_layout(
   p.layout = layout;
   p.window = window;
   const auto lse_options = q.options().dtype(accumulation_type(q));
-  at::Tensor out = layout ? at::zeros({p.batch, p.heads, p.len_q, p.dim_v}, q.options())
-                          : at::empty({p.batch, p.heads, p.len_q, p.dim_v}, q.options());
-  at::Tensor lse = layout ? at::full({p.batch, p.heads, p.len_q}, -INFINITY, lse_options)
-                          : at::empty({p.batch, p.heads, p.len_q}, lse_options);
+  at::Tensor out = at::empty({p.batch, p.heads, p.len_q, p.dim_v}, q.options());
+  at::Tensor lse = at::empty({p.batch, p.heads, p.len_q}, lse_options);
   p.out = out.data_ptr();
   copy_strides(out, p.out_stride);
   p.lse = lse.data_ptr();

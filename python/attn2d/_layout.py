@@ -100,6 +100,12 @@ def _ylg_plan(pattern: P.YLG, kind: str, q_hw, kv_hw):
         run = torch.searchsorted(ends, rest)  # the first query tile ending at or after the key
         runs = [rest[run == i] for i in torch.unique(run).tolist()]
         rest_tiles = [c for r in runs for c in _chunks(r, BLOCK_K)]
+    elif kind == "rtl-floor":
+        # A query sees the keys of its block at or after its own position: listed backwards,
+        # a query tile's keys lead its key tile, and the kernels compute only the leading
+        # columns a visit's masks reach (VisitColumns in src/cpu/tile_ops-inl.h), as they do
+        # for ltr-floor's tiles in ascending order.
+        rest_tiles = [c.flip(0) for c in _chunks(rest, BLOCK_K)]
     else:
         rest_tiles = _chunks(rest, BLOCK_K)
     k_tiles = [order[c] for c in _chunks(special, BLOCK_K) + rest_tiles]
@@ -248,13 +254,23 @@ def kernel_visited_pairs(pattern, q_hw, kv_hw, layout) -> int:
 
 
 def visited_pairs(layout) -> int:
-    """(query, key) pairs the kernel computes for one image, summed over the heads."""
+    """(query, key) pairs the kernel computes for one image, summed over the heads: a masked
+    visit computes its key tile's leading columns up to the last one its masks allow
+    (VisitColumns in src/cpu/tile_ops-inl.h)."""
     head_layout, q_begin, q_rows, k_rows, fwd_begin, fwd_k = (
         layout[0], layout[1], layout[3], layout[4], layout[5], layout[6])
+    fwd_mask, masks = layout[7], layout[11]
     q_count = (q_rows >= 0).sum(1)
     k_count = (k_rows >= 0).sum(1)
     tiles = torch.repeat_interleave(torch.arange(q_rows.shape[0]), fwd_begin.diff())
-    per_visit = q_count[tiles] * k_count[fwd_k.long()]
+    cols = k_count[fwd_k.long()]
+    if masks.numel():
+        shifts = torch.arange(64, dtype=torch.int64)
+        any_row = ((masks[:, :, None] >> shifts) & 1).any(1)  # (num_masks, 64)
+        reach = (any_row * (shifts + 1)).amax(1)  # the last allowed column + 1
+        masked = fwd_mask >= 0
+        cols = torch.where(masked, torch.minimum(cols, reach[fwd_mask.clamp(min=0)]), cols)
+    per_visit = q_count[tiles] * cols
     per_tile = torch.zeros(q_rows.shape[0], dtype=torch.int64).index_add_(0, tiles, per_visit)
     per_layout = [int(per_tile[q_begin[i]:q_begin[i + 1]].sum()) for i in range(q_begin.numel() - 1)]
     return sum(per_layout[int(i)] for i in head_layout)

@@ -574,13 +574,17 @@ void SparseKeyTile(const BackwardPlan<T>& plan, std::int64_t b, std::int64_t h,
       }
       PackQueryTile<T, IO>(bp, plan, b, h, rows, a);
     }
-    ProbabilitiesAndScoreGrad(plan, rows.count, cols_pad, visit_arrays, /*key_grads=*/true,
+    // The visit's leading columns (VisitColumns); the keys past them get no term from it, and
+    // pass 2 cuts the same columns, so every schedule sums the same terms.
+    const size_t visit_cols = VisitColumns(words, rows.count, cols);
+    const size_t visit_pad = (visit_cols + L - 1) / L * L;
+    ProbabilitiesAndScoreGrad(plan, rows.count, visit_pad, visit_arrays, /*key_grads=*/true,
                               /*query_grad=*/dq_share != nullptr, [&](T* S, size_t pad) {
-                                MaskTileBits(S, bk, rows.count, cols, pad, words);
+                                MaskTileBits(S, bk, rows.count, visit_cols, pad, words);
                               });
-    AccumulateKeyGrads(plan, rows.count, cols, visit_arrays);
+    AccumulateKeyGrads(plan, rows.count, visit_cols, visit_arrays);
     if (dq_share != nullptr) {
-      ScoreGradTimesKeys<false>(plan, rows.count, cols, visit_arrays, a.dq_term);
+      ScoreGradTimesKeys<false>(plan, rows.count, visit_cols, visit_arrays, a.dq_term);
       AddRow(dq_share + r0 * plan.dim_qk_pad, a.dq_term, rows.count * plan.dim_qk_pad);
     }
   }
@@ -795,8 +799,9 @@ void SparseQueryTileTask(void* ctx, std::int64_t task, int thread) {
   const std::int64_t key_tiles = KeyTilesOf(plan, h);
   QueryTileGrad<T, IO>(plan, b, h, rows, a, [&](const auto& visit) {
     for (std::int64_t v = lay.fwd_begin[g]; v < lay.fwd_begin[g + 1]; ++v) {
-      const Rows keys = LayoutTileRows(lay, lay.fwd_k_tile[v], /*query=*/false);
+      const Rows tile = LayoutTileRows(lay, lay.fwd_k_tile[v], /*query=*/false);
       const std::uint64_t* words = MaskWords(lay, lay.fwd_mask[v]);
+      const Rows keys{tile.index, tile.first, VisitColumns(words, rows.count, tile.count)};
       visit(
           keys,
           [&](T* S, size_t pad) { MaskTileBits(S, bk, rows.count, keys.count, pad, words); },

@@ -223,20 +223,21 @@ __attribute__((target("avx512bf16"))) inline float ExpShiftSumToPairs(float* HWY
 template <typename T, class MaskFn>
 HWY_INLINE void VisitKeyTileBf16(const AttentionParams& p, const ForwardPlan<T>& plan,
                                  std::int64_t b, std::int64_t h, size_t rows, const Rows& keys,
-                                 const typename ForwardPlan<T>::Arrays& a, T* kt, T* v, bool pack,
-                                 const MaskFn& mask) {
+                                 size_t cols, const typename ForwardPlan<T>::Arrays& a, T* kt,
+                                 T* v, bool pack, const MaskFn& mask) {
   const size_t L = VectorLanes<T>();
   const size_t E = static_cast<size_t>(p.dim_qk), W = (E + 1) / 2;
   const size_t Evp = plan.dim_v_pad, ld_kt = plan.ld_kt, ld_v = plan.ld_v, ld_s = plan.ld_s;
-  const size_t cols = keys.count, cols_pad = (cols + L - 1) / L * L;
+  const size_t cols_pad = (cols + L - 1) / L * L;
   auto* q2 = reinterpret_cast<const std::uint32_t*>(a.q);
   auto* kt2 = reinterpret_cast<std::uint32_t*>(kt);
   auto* v2 = reinterpret_cast<std::uint32_t*>(v);
   if (pack) {
+    const size_t tile_pad = (keys.count + L - 1) / L * L;
     PackKeyPairsTransposed(static_cast<const BFloat16*>(p.k) + offset4(p.k_stride, b, h, 0, 0),
-                           keys, p.k_stride[2], p.k_stride[3], E, kt2, ld_kt, cols_pad);
+                           keys, p.k_stride[2], p.k_stride[3], E, kt2, ld_kt, tile_pad);
     PackRowPairs(static_cast<const BFloat16*>(p.v) + offset4(p.v_stride, b, h, 0, 0), keys,
-                 p.v_stride[2], p.v_stride[3], static_cast<size_t>(p.dim_v), ld_v, cols_pad / 2,
+                 p.v_stride[2], p.v_stride[3], static_cast<size_t>(p.dim_v), ld_v, tile_pad / 2,
                  v2);
   }
   PairScores(rows, cols_pad, W, q2, kt2, ld_kt, static_cast<T>(p.scale), a.s, ld_s);
@@ -247,28 +248,31 @@ HWY_INLINE void VisitKeyTileBf16(const AttentionParams& p, const ForwardPlan<T>&
 }
 #endif
 
-// Scores of the packed query tile against key tile `keys` (into a.s), masked by `mask(S,
-// cols_pad)`, then the online-softmax step and acc += P V. The key tile's K^T and V are packed
-// into kt and v, unless `pack` is false: they are there from an earlier query tile.
+// Scores of the packed query tile against the first `cols` keys of key tile `keys` (into a.s),
+// masked by `mask(S, cols_pad)`, then the online-softmax step and acc += P V. The whole key
+// tile's K^T and V are packed into kt and v, unless `pack` is false: they are there from an
+// earlier query tile.
 template <typename T, typename IO, class MaskFn>
 HWY_INLINE void VisitKeyTile(const AttentionParams& p, const ForwardPlan<T>& plan,
                              std::int64_t b, std::int64_t h, size_t rows, const Rows& keys,
-                             const typename ForwardPlan<T>::Arrays& a, T* kt, T* v, bool pack,
-                             const MaskFn& mask) {
+                             size_t cols, const typename ForwardPlan<T>::Arrays& a, T* kt, T* v,
+                             bool pack, const MaskFn& mask) {
 #if defined(ATTN2D_NATIVE_BF16)
   if constexpr (std::is_same<IO, BFloat16>::value) {
-    if (plan.native_bf16) return VisitKeyTileBf16(p, plan, b, h, rows, keys, a, kt, v, pack, mask);
+    if (plan.native_bf16) {
+      return VisitKeyTileBf16(p, plan, b, h, rows, keys, cols, a, kt, v, pack, mask);
+    }
   }
 #endif
   const size_t L = VectorLanes<T>();
   const size_t E = static_cast<size_t>(p.dim_qk), Ev = static_cast<size_t>(p.dim_v);
   const size_t Evp = plan.dim_v_pad, ld_kt = plan.ld_kt, ld_v = plan.ld_v, ld_s = plan.ld_s;
-  const size_t cols = keys.count, cols_pad = (cols + L - 1) / L * L;
+  const size_t cols_pad = (cols + L - 1) / L * L;
   if (pack) {
     PackTransposed(static_cast<const IO*>(p.k) + offset4(p.k_stride, b, h, 0, 0), keys,
-                   p.k_stride[2], p.k_stride[3], E, kt, ld_kt, cols_pad);
+                   p.k_stride[2], p.k_stride[3], E, kt, ld_kt, (keys.count + L - 1) / L * L);
     PackRows(static_cast<const IO*>(p.v) + offset4(p.v_stride, b, h, 0, 0), keys, p.v_stride[2],
-             p.v_stride[3], Ev, T(1), v, ld_v, cols);
+             p.v_stride[3], Ev, T(1), v, ld_v, keys.count);
   }
   Gemm<false>(rows, cols_pad, E, a.q, E, 1, kt, ld_kt, a.s, ld_s);
   mask(a.s, cols_pad);
@@ -298,8 +302,9 @@ void ForwardTask(void* ctx, std::int64_t task, int thread) {
     const Rows keys{nullptr, j0, static_cast<size_t>(std::min(plan.tiles.block_k, p.len_k - j0))};
     bool pack;
     const size_t slot = plan.slot_of(held, j0 / plan.tiles.block_k, &pack);
-    VisitKeyTile<T, IO>(p, plan, b, h, rows.count, keys, a, a.kt + slot * plan.kt_elems(),
-                        a.v + slot * plan.v_elems(), pack, [&](T* S, size_t cols_pad) {
+    VisitKeyTile<T, IO>(p, plan, b, h, rows.count, keys, keys.count, a,
+                        a.kt + slot * plan.kt_elems(), a.v + slot * plan.v_elems(), pack,
+                        [&](T* S, size_t cols_pad) {
                           MaskTile(S, ld_s, rows.count, keys.count, cols_pad, i0, j0, mask);
                         });
   }
@@ -354,9 +359,10 @@ void SparseForwardTask(void* ctx, std::int64_t task, int thread) {
     const std::uint64_t* words = MaskWords(lay, lay.fwd_mask[visit]);
     bool pack;
     const size_t slot = plan.slot_of(held, lay.fwd_k_tile[visit] - first_tile, &pack);
-    VisitKeyTile<T, IO>(p, plan, b, h, rows.count, keys, a, a.kt + slot * plan.kt_elems(),
+    const size_t cols = VisitColumns(words, rows.count, keys.count);
+    VisitKeyTile<T, IO>(p, plan, b, h, rows.count, keys, cols, a, a.kt + slot * plan.kt_elems(),
                         a.v + slot * plan.v_elems(), pack, [&](T* S, size_t cols_pad) {
-                          MaskTileBits(S, ld_s, rows.count, keys.count, cols_pad, words);
+                          MaskTileBits(S, ld_s, rows.count, cols, cols_pad, words);
                         });
   }
   FinishQueryTile<T, IO>(p, plan, b, h, rows, a);

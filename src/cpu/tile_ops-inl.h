@@ -699,6 +699,20 @@ HWY_INLINE const std::uint64_t* MaskWords(const SparseLayout& lay, std::int64_t 
   return m < 0 ? nullptr : lay.masks + m * lay.block_q;
 }
 
+// The leading columns of a key tile that hold every pair a visit allows: all `cols` for a full
+// visit (null words), else up to the highest bit any of its `rows` mask words sets. The layouts
+// put the keys a query tile sees partly first (YLG's floor tiles: a tile of 16 positions sees
+// the first 16, 32, 48 or 64 keys of its block), so a visit computes 40 columns of 64 on
+// average there, where the masked columns past them cost as much as allowed ones.
+HWY_INLINE size_t VisitColumns(const std::uint64_t* words, size_t rows, size_t cols) {
+  if (words == nullptr) return cols;
+  std::uint64_t any = 0;
+  for (size_t r = 0; r < rows; ++r) any |= words[r];
+  // A visit lists at least one allowed pair (validate_layout); none leaves the tile whole.
+  if (any == 0) return cols;
+  return std::min(cols, static_cast<size_t>(64 - __builtin_clzll(any)));
+}
+
 // One key tile's step of the online softmax for every row of the score tile s (rows x
 // cols_pad, row stride ld), whose masked entries are -inf: updates the running max m and sum l,
 // rescales the accumulator rows (ld_acc wide) and leaves the tile's probabilities in s.

@@ -19,7 +19,9 @@ namespace {
 
 // A random layout over len_q queries and len_k keys: rows shuffled into tiles (a partition, or
 // with `drop` > 0 a part: each row left out of every tile with that probability), each (query
-// tile, key tile) pair visited with probability 0.6 and masked at random or full.
+// tile, key tile) pair visited with probability 0.6 and masked at random or full. With
+// `reach`, a masked visit allows keys only in its key tile's first 1..64 columns (drawn per
+// visit), so the kernels' cut to a visit's leading columns (VisitColumns) lands anywhere.
 struct RandomLayout {
   std::vector<std::int32_t> head_layout, q_rows, k_rows, fwd_k_tile, bwd_q_tile;
   std::vector<std::int64_t> q_begin, k_begin, fwd_begin, fwd_mask, bwd_begin, bwd_mask;
@@ -28,7 +30,7 @@ struct RandomLayout {
   SparseLayout view;
 
   RandomLayout(std::int64_t heads, std::int64_t len_q, std::int64_t len_k, int layouts,
-               std::int64_t block_q, std::uint64_t seed, double drop = 0.0) {
+               std::int64_t block_q, std::uint64_t seed, double drop = 0.0, bool reach = false) {
     std::mt19937_64 rng(seed);
     dense.assign(static_cast<size_t>(layouts * len_q * len_k), 0);
     q_begin = {0};
@@ -66,9 +68,10 @@ struct RandomLayout {
           std::int64_t m = -1;
           std::vector<std::uint64_t> words(static_cast<size_t>(block_q), 0);
           const bool all = full(rng);
+          const std::int64_t columns = reach && !all ? 1 + static_cast<std::int64_t>(rng() % 64) : 64;
           for (std::int64_t r = 0; r < block_q; ++r) {
             const std::int32_t i = q_rows[qt * block_q + r];
-            for (std::int64_t c = 0; c < 64; ++c) {
+            for (std::int64_t c = 0; c < columns; ++c) {
               const std::int32_t j = k_rows[kt * 64 + c];
               if (i < 0 || j < 0) continue;
               const bool ok = all || bit(rng);
@@ -137,8 +140,8 @@ INSTANTIATE_TEST_SUITE_P(Targets, SparseAttention,
 template <typename T>
 void expect_sparse_matches_dense(std::int64_t B, std::int64_t H, std::int64_t Lq, std::int64_t Lk,
                                  std::int64_t E, std::int64_t Ev, int layouts,
-                                 std::int64_t block_q, std::uint64_t seed) {
-  RandomLayout lay(H, Lq, Lk, layouts, block_q, seed);
+                                 std::int64_t block_q, std::uint64_t seed, bool reach = false) {
+  RandomLayout lay(H, Lq, Lk, layouts, block_q, seed, /*drop=*/0.0, reach);
   // The oracle: the reference backend with the layout's dense mask, per head.
   auto dense = make_problem<double>(B, H, Lq, Lk, E, Ev, Layout::kSequenceMajor, seed + 1,
                                     MaskKind::kBool, {true, false, false, false});
@@ -201,6 +204,14 @@ TEST_P(SparseAttention, RandomLayoutsMatchTheDenseMaskOracle) {
   expect_sparse_matches_dense<double>(2, 3, 130, 150, 7, 5, 2, 64, 1);
   expect_sparse_matches_dense<double>(1, 2, 17, 200, 16, 8, 1, 16, 2);
   expect_sparse_matches_dense<float>(2, 2, 100, 90, 8, 24, 2, 32, 3);
+}
+
+// Masked visits that reach only part of their key tile: the kernels compute the leading
+// columns up to the last allowed one (rounded up to whole vectors, the real keys past it
+// masked), and every backward schedule cuts the same columns.
+TEST_P(SparseAttention, VisitsReachingPartOfTheirKeyTilesMatchTheOracle) {
+  expect_sparse_matches_dense<double>(2, 3, 130, 150, 7, 5, 2, 64, 11, /*reach=*/true);
+  expect_sparse_matches_dense<float>(1, 2, 100, 190, 16, 16, 2, 32, 12, /*reach=*/true);
 }
 
 // Wide heads: a thread's 4 MiB of packed key tiles holds 7 of a head's ~21 (561 KiB a tile at
