@@ -708,7 +708,8 @@ HWY_INLINE size_t VisitColumns(const std::uint64_t* words, size_t rows, size_t c
   if (words == nullptr) return cols;
   std::uint64_t any = 0;
   for (size_t r = 0; r < rows; ++r) any |= words[r];
-  // A visit lists at least one allowed pair (validate_layout); none leaves the tile whole.
+  // The layouts' visits hold an allowed pair each (_layout.py lists no other); one with none
+  // keeps the whole tile, whose scores are then all masked, as before the cut.
   if (any == 0) return cols;
   return std::min(cols, static_cast<size_t>(64 - __builtin_clzll(any)));
 }
