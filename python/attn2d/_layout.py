@@ -253,43 +253,50 @@ def kernel_visited_pairs(pattern, q_hw, kv_hw, layout) -> int:
     return int(layout[0].numel()) * offsets.shape[1] * q_hw[0] * q_hw[1]
 
 
+def _mask_bits(masks: torch.Tensor) -> torch.Tensor:
+    """(num_masks, BLOCK_Q) words -> (num_masks, BLOCK_Q, 64) bool: bit c of row r."""
+    return ((masks[:, :, None] >> torch.arange(64, dtype=torch.int64)) & 1).bool()
+
+
+def _sum_over_visits(layout, per_visit) -> int:
+    """Sum over the heads of per_visit(q_count, k_count, fwd_mask, masks), a (visits,) int64
+    count given each visit's query rows, key rows (k_count), mask index and the mask words."""
+    head_layout, q_begin, q_rows, k_rows = layout[0], layout[1], layout[3], layout[4]
+    fwd_begin, fwd_k, fwd_mask, masks = layout[5], layout[6], layout[7], layout[11]
+    tiles = torch.repeat_interleave(torch.arange(q_rows.shape[0]), fwd_begin.diff())
+    q_count = (q_rows >= 0).sum(1)[tiles]
+    k_count = (k_rows >= 0).sum(1)[fwd_k.long()]
+    counts = per_visit(q_count, k_count, fwd_mask, masks)
+    per_tile = torch.zeros(q_rows.shape[0], dtype=torch.int64).index_add_(0, tiles, counts)
+    per_layout = [int(per_tile[q_begin[i]:q_begin[i + 1]].sum()) for i in range(q_begin.numel() - 1)]
+    return sum(per_layout[int(i)] for i in head_layout)
+
+
 def visited_pairs(layout) -> int:
     """(query, key) pairs the kernel computes for one image, summed over the heads: a masked
     visit computes its key tile's leading columns up to the last one its masks allow
     (VisitColumns in src/cpu/tile_ops-inl.h)."""
-    head_layout, q_begin, q_rows, k_rows, fwd_begin, fwd_k = (
-        layout[0], layout[1], layout[3], layout[4], layout[5], layout[6])
-    fwd_mask, masks = layout[7], layout[11]
-    q_count = (q_rows >= 0).sum(1)
-    k_count = (k_rows >= 0).sum(1)
-    tiles = torch.repeat_interleave(torch.arange(q_rows.shape[0]), fwd_begin.diff())
-    cols = k_count[fwd_k.long()]
-    if masks.numel():
-        shifts = torch.arange(64, dtype=torch.int64)
-        any_row = ((masks[:, :, None] >> shifts) & 1).any(1)  # (num_masks, 64)
-        reach = (any_row * (shifts + 1)).amax(1)  # the last allowed column + 1
-        masked = fwd_mask >= 0
-        cols = torch.where(masked, torch.minimum(cols, reach[fwd_mask.clamp(min=0)]), cols)
-    per_visit = q_count[tiles] * cols
-    per_tile = torch.zeros(q_rows.shape[0], dtype=torch.int64).index_add_(0, tiles, per_visit)
-    per_layout = [int(per_tile[q_begin[i]:q_begin[i + 1]].sum()) for i in range(q_begin.numel() - 1)]
-    return sum(per_layout[int(i)] for i in head_layout)
+
+    def per_visit(q_count, k_count, fwd_mask, masks):
+        cols = k_count
+        if masks.numel():
+            any_row = _mask_bits(masks).any(1)  # (num_masks, 64)
+            reach = (any_row * torch.arange(1, 65)).amax(1)  # the last allowed column + 1
+            cols = torch.where(fwd_mask >= 0,
+                               torch.minimum(cols, reach[fwd_mask.clamp(min=0)]), cols)
+        return q_count * cols
+
+    return _sum_over_visits(layout, per_visit)
 
 
 def allowed_pairs(layout) -> int:
     """(query, key) pairs the pattern allows for one image, summed over the heads: full visits
     count every valid pair, masked ones their set bits."""
-    head_layout, q_begin, q_rows, k_rows = layout[0], layout[1], layout[3], layout[4]
-    fwd_begin, fwd_k, fwd_mask, masks = layout[5], layout[6], layout[7], layout[11]
-    q_count = (q_rows >= 0).sum(1)
-    k_count = (k_rows >= 0).sum(1)
-    tiles = torch.repeat_interleave(torch.arange(q_rows.shape[0]), fwd_begin.diff())
-    bits = torch.zeros(masks.shape[0], dtype=torch.int64)
-    if masks.numel():
-        shifts = torch.arange(64, dtype=torch.int64)
-        bits = ((masks[:, :, None] >> shifts) & 1).sum((1, 2))
-    per_visit = torch.where(fwd_mask < 0, q_count[tiles] * k_count[fwd_k.long()],
-                            bits[fwd_mask.clamp(min=0)])
-    per_tile = torch.zeros(q_rows.shape[0], dtype=torch.int64).index_add_(0, tiles, per_visit)
-    per_layout = [int(per_tile[q_begin[i]:q_begin[i + 1]].sum()) for i in range(q_begin.numel() - 1)]
-    return sum(per_layout[int(i)] for i in head_layout)
+
+    def per_visit(q_count, k_count, fwd_mask, masks):
+        bits = torch.zeros(masks.shape[0], dtype=torch.int64)
+        if masks.numel():
+            bits = _mask_bits(masks).sum((1, 2))
+        return torch.where(fwd_mask < 0, q_count * k_count, bits[fwd_mask.clamp(min=0)])
+
+    return _sum_over_visits(layout, per_visit)

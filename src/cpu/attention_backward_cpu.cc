@@ -231,9 +231,10 @@ HWY_INLINE void PrefetchQueryRows(const BackwardPlan<T>& plan, std::int64_t b, s
 }
 
 // Packs the query side of slice (b, h) for every query tile of the head's layout into `side`
-// (BackwardPlan::gathered), once per slice: a sparse tile's rows are scattered (a YLG tile's queries lie along Manhattan
-// anti-diagonals, one cache line each), and PackQueryTile's gather of them at every visit,
-// with its prefetches, was ~25% of SparseKeyTile's own samples (YLG 128x128, one thread).
+// (BackwardPlan::gathered), once per slice: a sparse tile's rows are scattered (a YLG tile's
+// queries lie along Manhattan anti-diagonals, one cache line each), and PackQueryTile's gather
+// of them at every visit, with its prefetches, was ~25% of SparseKeyTile's own samples (YLG
+// 128x128, one thread).
 // Tried and slower (perf samples over the same calls, against this gather's 0.32 of the
 // forward task's): requesting the next tile's lines before each copy, 0.36; walking the rows
 // in raster order and writing each to its slot, 0.35-0.37.

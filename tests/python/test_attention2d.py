@@ -124,6 +124,26 @@ def test_deterministic_and_visits_few_tiles():
     assert visited < (48 * 48) ** 2 / 4  # a fifth of global attention's pairs here
 
 
+@pytest.mark.parametrize("kind", ["ltr-floor", "rtl-floor"])
+def test_ylg_floor_visits_reach_only_the_keys_they_need(kind):
+    # 64x64 queries over 32x32 keys: l = 32 positions a block, query tiles of 16 positions (4
+    # queries each), key tiles of 2 blocks. A query tile sees its positions' part of one block:
+    # laid out so that part leads the key tile, its visit reaches 16, 32, 48 or 64 columns, 40
+    # a query on average (rtl-floor's keys in ascending order would reach 32 or 64: 48).
+    pattern = YLG(1, patterns=[kind])
+    layout = _layout.build(pattern, (64, 64), (32, 32), 1)
+    assert _layout.visited_pairs(layout) == 40 * 64 * 64
+    allowed = int(pattern.dense_mask((64, 64), (32, 32)).sum())
+    assert _layout.allowed_pairs(layout) == allowed
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 1, *hw, 5, dtype=torch.float64, generator=g)
+               for hw in ((64, 64), (32, 32), (32, 32)))
+    out = attn2d.attention2d(q, k, v, pattern=pattern)
+    want = naive_attention(q.flatten(2, 3), k.flatten(2, 3), v.flatten(2, 3),
+                           attn_mask=pattern.dense_mask((64, 64), (32, 32), 1)).unflatten(2, (64, 64))
+    assert max_err(out, want) < 1e-12
+
+
 def test_raw_op_refuses_a_malformed_layout():
     pattern = Window(3)
     layout = list(_layout.build(pattern, (6, 6), (6, 6), 1))
