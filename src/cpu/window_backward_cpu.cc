@@ -18,17 +18,19 @@
 // the thread count.
 //
 // Where the forward runs blocks (window_geometry.h: evenly spaced columns, width a multiple of
-// L), the backward runs two passes of blocks instead and scatters nothing:
-//   queries: per block of 4 query vectors, S, dP, P, dS and dQ^T = dS K^T(off)  (2E + Ev)
-//   keys:    per block of 4 key vectors and the window turned around (offsets -off: the
-//            queries that see a key), S^T, dP^T, P^T = exp(S^T - lse(-off)), dS^T, and
-//            dV^T = P^T dO^T(-off), dK^T = dS^T Q^T(-off) in registers       (2E + 2Ev)
-// 4E + 3Ev multiply-adds per pair against 3E + 2Ev, but every one of them from a load shared by
-// up to 4 multiply-adds (BlockDots, BlockCombine), where the scatter's 2(E + Ev) were
-// read-modify-writes of memory (0.86-1.15 ns each against 0.33 ns for a multiply-add from
-// memory, development VM). Each output element is written once, by one task: no bands, and
-// the same sums whatever the thread count. 128x128, 4 heads, E = Ev = 16, 15x15, 1 thread,
-// best of 15, two alternating runs: 37-39 ms against 54 ms for the bands.
+// L), the backward runs blocks of 4 query vectors one pixel row apart: S and dP by BlockDots
+// (each key load shared by up to 4 multiply-adds), P and dS, dQ^T = dS K^T(off) in registers
+// (BlockCombine), and dK^T, dV^T by BlockScatter, whose column walk shares each query row
+// load across the column's offsets and keeps the overlapping stores of neighbouring columns a
+// column's worth of rows apart. Bands again keep scattering tasks apart: a task holds a run of
+// kScatterBlocks blocks down every strip of the map, and runs r and r + P reach disjoint keys.
+// Until session 14 the blocked backward ran a second pass per block of 4 key vectors under the
+// window turned around (S^T, dP^T and their exps recomputed: 4E + 3Ev multiply-adds and 2 exps
+// a pair against 3E + 2Ev and 1). With the scatter (development VM, Intel AVX-512, 4 heads,
+// E = Ev = 16, the two builds alternated 3 rounds, medians of 15-20 calls): 128x128 square 15,
+// one thread, 58.9 -> 49.8 ms; two threads 32.3 -> 28.8 ms; diamond 15, one thread 36.0 ->
+// 32.0 ms, two threads 24.4 -> 23.4 ms; 256x256 square 15, two threads, 141.6 -> 126.4 ms.
+// Runs of 2 blocks (3 phases, 16 runs a 128x128 head) were 3-7% slower than 4 (2 phases).
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "src/cpu/window_backward_cpu.cc"
@@ -76,8 +78,8 @@ struct WindowBackwardPlan {
   const AttentionBackwardParams* bp;
   const WindowGeometry<T>* g;
   size_t e_pad, ev_pad;           // E and Ev rounded up to 4 (zero rows)
-  std::int64_t band_vectors;      // B
-  std::int64_t bands;             // per head
+  std::int64_t band_vectors = 0;  // B (one vector at a time)
+  std::int64_t bands;             // per head: of B vectors, or blocked: runs of kScatterBlocks
   std::int64_t phases;            // P
   std::int64_t pack_tasks_per_head;
   std::int64_t group_first = 0;   // the (b, h) pairs packed now: group_first ..
@@ -86,10 +88,9 @@ struct WindowBackwardPlan {
 
   // Bands of one head in `phase`.
   std::int64_t bands_in(std::int64_t ph) const { return (bands - ph + phases - 1) / phases; }
-  bool blocked;                   // two passes of blocks, else bands with scatter
-  const WindowGeometry<T>* gt;    // blocked: the window turned around (offsets -off)
-  std::int64_t tasks_per_head;    // blocked: tasks of each pass
-  size_t head_elems;              // (2 e_pad + 2 ev_pad + 2) * ld, + (e_pad + ev_pad) * ld banded
+  bool blocked;                   // blocks of kBlockRows vectors, else one vector at a time
+  std::int64_t tasks_per_head;    // blocked: BlockWalk's strips x runs of kBlocksPerTask
+  size_t head_elems;              // (3 e_pad + 3 ev_pad + 2) * ld
   const std::uint16_t* scatter_order;  // (count,) per chunk of kOffsetChunk, its walk order
   T* packed;
   size_t scratch_elems;  // per thread
@@ -97,8 +98,8 @@ struct WindowBackwardPlan {
 
   // Head `slot` of the group, each array (rows, ld) with column margin + n holding position n:
   // Q^T (scaled), K^T (e_pad rows), V^T, dO^T (ev_pad rows), one row of lse (+inf for a row
-  // that saw no key and in the margins, so that P = exp(S - lse) is 0 there) and one of
-  // D = rowsum(dO * O); banded, then the scatter's dK^T and dV^T.
+  // that saw no key and in the margins, so that P = exp(S - lse) is 0 there), one of
+  // D = rowsum(dO * O), then the scatter's dK^T and dV^T.
   size_t ld() const { return static_cast<size_t>(g->ld); }
   T* qt(std::int64_t slot) const { return packed + static_cast<size_t>(slot) * head_elems; }
   T* kt(std::int64_t slot) const { return qt(slot) + e_pad * ld(); }
@@ -108,7 +109,7 @@ struct WindowBackwardPlan {
   T* delta(std::int64_t slot) const { return lse(slot) + ld(); }
   T* dkt(std::int64_t slot) const { return delta(slot) + ld(); }
   T* dvt(std::int64_t slot) const { return dkt(slot) + e_pad * ld(); }
-  // The planes both blocked passes read, of one head.
+  // The planes a block reads, of one head.
   struct Planes {
     const T *qt, *kt, *vt, *dot, *lse, *delta;
   };
@@ -165,10 +166,8 @@ void BackwardPackTask(void* ctx, std::int64_t task, int thread) {
     }
     delta[c] = D;
   }
-  if (!plan.blocked) {
-    FillWindowRows(g, n0, count, plan.e_pad, T(0), plan.dkt(slot));
-    FillWindowRows(g, n0, count, plan.ev_pad, T(0), plan.dvt(slot));
-  }
+  FillWindowRows(g, n0, count, plan.e_pad, T(0), plan.dkt(slot));
+  FillWindowRows(g, n0, count, plan.ev_pad, T(0), plan.dvt(slot));
   FillWindowRows(g, n0, count, 1, std::numeric_limits<T>::infinity(), plan.lse(slot));
   FillMargins(g, n0, count, 1, T(0), plan.delta(slot));
   const T* lse = static_cast<const T*>(p.lse) + b * p.lse_stride[0] + h * p.lse_stride[1];
@@ -246,24 +245,23 @@ void BandTask(void* ctx, std::int64_t task, int thread) {
 }
 
 // A blocked task's arrays in its thread's scratch (base null: only counts them into `elems`):
-// scores and their gradients for R = kBlockRows vectors at the window's `count` offsets, the
-// R vectors' sums over max(E_pad, Ev_pad) rows (dQ^T; dV^T, then dK^T), and three lane vectors
-// (a vector's pixel rows and columns for the border mask; the softmax scale).
+// scores and their gradients for R = kBlockRows vectors at the window's `count` offsets, the R
+// vectors' dQ^T, and three lane vectors (a vector's pixel rows and columns for the border
+// mask; the softmax scale).
 template <typename T>
 struct BlockScratch {
-  T* S;        // (R, count, L) scores, then P (pass 2: transposed)
+  T* S;        // (R, count, L) scores, then P
   T* G;        // (R, count, L) dP, then dS
-  T* acc;      // (R, rows, L)
+  T* acc;      // (R, e_pad, L)
   T* lanes_i;  // (L,)
   T* lanes_j;  // (L,)
   T* scale;    // (L,)
-  size_t rows, elems;
-  BlockScratch(T* base, size_t count, size_t e_pad, size_t ev_pad, size_t L)
-      : rows(std::max(e_pad, ev_pad)) {
+  size_t elems;
+  BlockScratch(T* base, size_t count, size_t e_pad, size_t L) {
     ScratchCarver<T> carve(base);
     S = carve.take(kBlockRows * count * L);
     G = carve.take(kBlockRows * count * L);
-    acc = carve.take(kBlockRows * rows * L);
+    acc = carve.take(kBlockRows * e_pad * L);
     lanes_i = carve.take(L);
     lanes_j = carve.take(L);
     scale = carve.take(L);
@@ -271,10 +269,16 @@ struct BlockScratch {
   }
 };
 
-// Pass 1, per block of query vectors: dQ.
+// Blocks per strip in a scattering task: runs of 4 blocks (16 pixel rows at dilation 1) give a
+// 128x128 head 8 runs, 4 per phase, where kBlocksPerTask's 8 gave 2.
+constexpr std::int64_t kScatterBlocks = 4;
+static_assert(kBlocksPerTask % kScatterBlocks == 0, "a scatter run is part of a BlockWalk run");
+
+// The blocks of one strip's walk from block a_begin to a_end: dQ of their queries, and their
+// terms of dK and dV added to the packed dK^T and dV^T.
 template <typename T, typename IO>
-void BlockQueryTask(void* ctx, std::int64_t task, int thread) {
-  const WindowBackwardPlan<T>& plan = *static_cast<const WindowBackwardPlan<T>*>(ctx);
+void ScatterBlocks(const WindowBackwardPlan<T>& plan, const BlockWalk& walk, std::int64_t a_begin,
+                   std::int64_t a_end, const BlockScratch<T>& arrays) {
   const AttentionBackwardParams& bp = *plan.bp;
   const AttentionParams& p = bp.fwd;
   const WindowGeometry<T>& g = *plan.g;
@@ -282,31 +286,28 @@ void BlockQueryTask(void* ctx, std::int64_t task, int thread) {
   const size_t L = hn::Lanes(d);
   constexpr size_t R = kBlockRows;
   const size_t count = static_cast<size_t>(g.count), ld = plan.ld();
-  const BlockWalk walk(g, task, plan.tasks_per_head, plan.group_first, p.heads);
-  const BlockScratch<T> arrays(plan.scratch + static_cast<size_t>(thread) * plan.scratch_elems,
-                               count, plan.e_pad, plan.ev_pad, L);
   T *S = arrays.S, *G = arrays.G, *acc = arrays.acc;
-  const size_t acc_ld = arrays.rows * L;  // between the block's R vectors of dQ^T
-  hn::Store(hn::Set(d, static_cast<T>(p.scale)), d, arrays.scale);  // dQ = scale dS K
+  const size_t acc_ld = plan.e_pad * L;  // between the block's R vectors of dQ^T
   IO* dq = static_cast<IO*>(bp.dq) + offset4(bp.dq_stride, walk.b, walk.h, 0, 0);
   const auto [qt, kt, vt, dot, lse, delta] = plan.planes(walk.slot);
-  for (std::int64_t a = walk.a_begin, v0; (v0 = walk.first(a)) >= 0; ++a) {
+  T *dkt = plan.dkt(walk.slot), *dvt = plan.dvt(walk.slot);
+  for (std::int64_t a = a_begin, v0; a < a_end && (v0 = walk.first(a)) >= 0; ++a) {
     const size_t col = static_cast<size_t>(g.margin + v0 * walk.L);
-    // Vectors past the last query read the zero margins; their rows are not stored.
     BlockDots(d, g, qt + col, kt + col, plan.e_pad, S);
     BlockDots(d, g, dot + col, vt + col, plan.ev_pad, G);
     for (size_t k = 0; k < R; ++k) {
-      const std::int64_t q0 = walk.position(v0, k);
-      if (q0 >= p.len_q) break;
+      // Vectors past the last query read the zero margins, where the lse is +inf and D is 0:
+      // their P and dS are 0, and they scatter nothing (their dQ rows are not stored).
       T* Sk = S + k * count * L;
       T* Gk = G + k * count * L;
-      MaskBlockVector(d, g, q0, Sk, arrays.lanes_i, arrays.lanes_j, false);
+      MaskBlockVector(d, g, walk.position(v0, k), Sk, arrays.lanes_i, arrays.lanes_j, false);
       // Masked scores are -inf and the lse is +inf for lanes that saw no key: exp gives 0
       // either way, never exp(-inf + inf).
       const size_t ck = col + static_cast<size_t>(k) * static_cast<size_t>(g.block_stride);
       const auto lse_k = hn::Load(d, lse + ck), D_k = hn::Load(d, delta + ck);
       for (size_t o = 0; o < count; ++o) {
         const auto pr = ExpOf(d, hn::Sub(hn::Load(d, Sk + o * L), lse_k));
+        hn::Store(pr, d, Sk + o * L);
         hn::Store(hn::Mul(pr, hn::Sub(hn::Load(d, Gk + o * L), D_k)), d, Gk + o * L);
       }
     }
@@ -320,77 +321,33 @@ void BlockQueryTask(void* ctx, std::int64_t task, int thread) {
                  std::min<size_t>(L, static_cast<size_t>(p.len_q - q0)), arrays.scale, dq, q0,
                  bp.dq_stride[2], bp.dq_stride[3]);
     }
+    BlockScatter(d, g, S, dot + col, plan.ev_pad, dvt + col);  // dV^T += P dO^T
+    BlockScatter(d, g, G, qt + col, plan.e_pad, dkt + col);    // dK^T += dS Q^T (Q scaled)
   }
 }
 
-// Pass 2, per block of key vectors under the turned-around window gt (its offset o reaches the
-// query at raster distance off = -(the window's offset)): dK and dV.
+// One run (kScatterBlocks blocks down every strip) of one head of the packed group, in
+// `phase`: runs phase, phase + P, ... of a head run at once.
 template <typename T, typename IO>
-void BlockKeyTask(void* ctx, std::int64_t task, int thread) {
+void ScatterRunTask(void* ctx, std::int64_t task, int thread) {
   const WindowBackwardPlan<T>& plan = *static_cast<const WindowBackwardPlan<T>*>(ctx);
-  const AttentionBackwardParams& bp = *plan.bp;
-  const AttentionParams& p = bp.fwd;
-  const WindowGeometry<T>& gt = *plan.gt;
-  const hn::ScalableTag<T> d;
-  const size_t L = hn::Lanes(d);
-  constexpr size_t R = kBlockRows;
-  const size_t count = static_cast<size_t>(gt.count), ld = plan.ld();
-  const BlockWalk walk(gt, task, plan.tasks_per_head, plan.group_first, p.heads);
+  const AttentionParams& p = plan.bp->fwd;
+  const WindowGeometry<T>& g = *plan.g;
+  const size_t L = VectorLanes<T>();
+  const std::int64_t per_head = plan.bands_in(plan.phase);
+  const std::int64_t slot = task / per_head;
+  const std::int64_t run = plan.phases * (task % per_head) + plan.phase;
   const BlockScratch<T> arrays(plan.scratch + static_cast<size_t>(thread) * plan.scratch_elems,
-                               count, plan.e_pad, plan.ev_pad, L);
-  // S^T then P^T, dP^T then dS^T, dV^T then dK^T.
-  T *S = arrays.S, *G = arrays.G, *acc = arrays.acc;
-  const size_t rows = arrays.rows;
-  IO* dk = static_cast<IO*>(bp.dk) + offset4(bp.dk_stride, walk.b, walk.h, 0, 0);
-  IO* dv = static_cast<IO*>(bp.dv) + offset4(bp.dv_stride, walk.b, walk.h, 0, 0);
-  const auto [qt, kt, vt, dot, lse, delta] = plan.planes(walk.slot);
-  const std::int64_t rs = gt.block_stride;
-  for (std::int64_t a = walk.a_begin, v0; (v0 = walk.first(a)) >= 0; ++a) {
-    const size_t col = static_cast<size_t>(gt.margin + v0 * walk.L);
-    BlockDots(d, gt, kt + col, qt + col, plan.e_pad, S);
-    BlockDots(d, gt, vt + col, dot + col, plan.ev_pad, G);
-    for (size_t k = 0; k < R; ++k) {
-      const std::int64_t k0 = walk.position(v0, k);
-      if (k0 >= p.len_k) break;
-      T* Sk = S + k * count * L;
-      T* Gk = G + k * count * L;
-      MaskBlockVector(d, gt, k0, Sk, arrays.lanes_i, arrays.lanes_j, false);
-      // Each offset's queries have their own lse and D: shifted loads, as their Q^T rows.
-      const T* lse_k = lse + col + static_cast<size_t>(static_cast<std::int64_t>(k) * rs);
-      const T* delta_k = delta + col + static_cast<size_t>(static_cast<std::int64_t>(k) * rs);
-      for (const auto& column : gt.columns) {
-        for (std::int64_t m = 0; m < column.n; ++m) {
-          const std::int64_t off = column.base + m * rs;
-          const size_t o = static_cast<size_t>(column.first + m);
-          const auto pr = ExpOf(d, hn::Sub(hn::Load(d, Sk + o * L), hn::LoadU(d, lse_k + off)));
-          hn::Store(pr, d, Sk + o * L);
-          const auto D = hn::LoadU(d, delta_k + off);
-          hn::Store(hn::Mul(pr, hn::Sub(hn::Load(d, Gk + o * L), D)), d, Gk + o * L);
-        }
-      }
-    }
-    const struct {
-      const T* P;
-      const T* b;
-      size_t rows_pad;
-      std::int64_t width;
-      IO* dst;
-      const std::int64_t* stride;
-    } parts[] = {{S, dot, plan.ev_pad, p.dim_v, dv, bp.dv_stride},
-                 {G, qt, plan.e_pad, p.dim_qk, dk, bp.dk_stride}};
-    for (const auto& part : parts) {
-      for (size_t r0 = 0; r0 < part.rows_pad; r0 += 4) {
-        BlockCombine(d, gt, part.P, part.b + r0 * ld + col, acc + r0 * L, rows * L);
-      }
-      for (size_t k = 0; k < R; ++k) {
-        const std::int64_t k0 = walk.position(v0, k);
-        if (k0 >= p.len_k) break;
-        StoreLanes(d, acc + k * rows * L, static_cast<size_t>(part.width),
-                   std::min<size_t>(L, static_cast<size_t>(p.len_k - k0)),
-                   static_cast<const T*>(nullptr), part.dst, k0, part.stride[2],
-                   part.stride[3]);
-      }
-    }
+                               static_cast<size_t>(g.count), plan.e_pad, L);
+  std::fill(arrays.scale, arrays.scale + L, static_cast<T>(p.scale));  // dQ = scale dS K
+  const std::int64_t V = g.block_stride / g.lanes;
+  // BlockWalk's task for strip c and the kBlocksPerTask blocks that hold this run.
+  const std::int64_t walk_run = run * kScatterBlocks / kBlocksPerTask;
+  const std::int64_t a_begin = run * kScatterBlocks;
+  for (std::int64_t c = 0; c < V; ++c) {
+    const BlockWalk walk(g, slot * plan.tasks_per_head + walk_run * V + c, plan.tasks_per_head,
+                         plan.group_first, p.heads);
+    ScatterBlocks<T, IO>(plan, walk, a_begin, a_begin + kScatterBlocks, arrays);
   }
 }
 
@@ -441,19 +398,10 @@ Status WindowBackward(const AttentionBackwardParams& bp, const Host& host) {
   const std::int64_t L = static_cast<std::int64_t>(VectorLanes<T>());
   const WindowOffsets& w = *p.window;
   const WindowGeometry<T> g(w, L, kBlockRows, kBlockOffsets);
-  // The turned-around window: key (i, j) is seen by query (i - dr, j - dc).
-  std::vector<std::int32_t> neg_dr(w.dr, w.dr + w.count), neg_dc(w.dc, w.dc + w.count);
-  for (auto& x : neg_dr) x = -x;
-  for (auto& x : neg_dc) x = -x;
-  const WindowGeometry<T> gt(WindowOffsets{w.height, w.width, w.count, neg_dr.data(),
-                                           neg_dc.data()},
-                             L, kBlockRows, kBlockOffsets);
   WindowBackwardPlan<T> plan;
   plan.bp = &bp;
   plan.g = &g;
-  plan.gt = &gt;
-  // Both geometries pack alike (the same reach and stride), so one packing serves both passes.
-  plan.blocked = g.block_rows > 1 && gt.block_rows > 1 && gt.ld == g.ld && gt.margin == g.margin;
+  plan.blocked = g.block_rows > 1;
   plan.e_pad = static_cast<size_t>(round_up(std::max<std::int64_t>(p.dim_qk, 1), 4));
   plan.ev_pad = static_cast<size_t>(round_up(std::max<std::int64_t>(p.dim_v, 1), 4));
   std::vector<std::uint16_t> scatter_order(static_cast<size_t>(g.count));
@@ -468,26 +416,35 @@ Status WindowBackward(const AttentionBackwardParams& bp, const Host& host) {
   }
   plan.scatter_order = scatter_order.data();
   plan.pack_tasks_per_head = (p.len_q + kPackChunk - 1) / kPackChunk;
-  plan.head_elems = (2 * plan.e_pad + 2 * plan.ev_pad + 2) * plan.ld();
-  if (!plan.blocked) plan.head_elems += (plan.e_pad + plan.ev_pad) * plan.ld();
-  if (plan.blocked) plan.tasks_per_head = BlockTasksPerHead(g);
+  plan.head_elems = (3 * plan.e_pad + 3 * plan.ev_pad + 2) * plan.ld();
   const std::int64_t pairs = p.batch * p.heads;
   const std::int64_t threads = std::max(host.num_threads, 1);
   const std::int64_t group = HeadsPerGroup(plan.head_elems * sizeof(T), pairs);
-  // P = 3 phases: a 128x128 head under a 15x15 window then has 18 bands (6 per phase, 3 rounds
-  // of 2 threads each) where P = 2 gave 10 of twice the size (5 per phase: a round with one
-  // thread idle). P depends on the problem only, never on the thread count, so that every
+  // Bands (runs of blocks) r and r + P reach disjoint keys when (P - 1) band positions span
+  // off_max - off_min. P depends on the problem only, never on the thread count, so that every
   // thread count sums each key's terms in the same order.
-  plan.phases = 3;
-  plan.band_vectors =
-      std::max<std::int64_t>(1, (g.off_max - g.off_min + (plan.phases - 1) * L - 1) /
-                                    ((plan.phases - 1) * L));
-  plan.bands = (g.vectors + plan.band_vectors - 1) / plan.band_vectors;
+  if (plan.blocked) {
+    plan.tasks_per_head = BlockTasksPerHead(g);
+    const std::int64_t R = static_cast<std::int64_t>(kBlockRows);
+    const std::int64_t run = kScatterBlocks * R * g.block_stride;  // positions
+    const std::int64_t blocks = (g.vectors * L + R * g.block_stride - 1) / (R * g.block_stride);
+    plan.phases = 1 + (g.off_max - g.off_min + run - 1) / run;
+    plan.bands = (blocks + kScatterBlocks - 1) / kScatterBlocks;
+  } else {
+    // P = 3 phases: a 128x128 head under a 15x15 window then has 18 bands (6 per phase, 3
+    // rounds of 2 threads each) where P = 2 gave 10 of twice the size (5 per phase: a round
+    // with one thread idle).
+    plan.phases = 3;
+    plan.band_vectors =
+        std::max<std::int64_t>(1, (g.off_max - g.off_min + (plan.phases - 1) * L - 1) /
+                                      ((plan.phases - 1) * L));
+    plan.bands = (g.vectors + plan.band_vectors - 1) / plan.band_vectors;
+  }
   const size_t lanes = static_cast<size_t>(L);
   const size_t count = static_cast<size_t>(g.count);
   plan.scratch_elems =
       plan.blocked
-          ? BlockScratch<T>(nullptr, count, plan.e_pad, plan.ev_pad, lanes).elems
+          ? BlockScratch<T>(nullptr, count, plan.e_pad, lanes).elems
           : 2 * ScratchCarver<T>::padded(kOffsetChunk * lanes) +
                 ScratchCarver<T>::padded(plan.e_pad * lanes) + 2 * ScratchCarver<T>::padded(lanes);
   // The packing tasks' O^T chunk.
@@ -502,17 +459,12 @@ Status WindowBackward(const AttentionBackwardParams& bp, const Host& host) {
   }
   plan.packed = reinterpret_cast<T*>(ws.data());
   plan.scratch = plan.packed + plan.head_elems * static_cast<size_t>(group);
+  const TaskFn band_task = plan.blocked ? ScatterRunTask<T, IO> : BandTask<T, IO>;
   for (plan.group_first = 0; plan.group_first < pairs; plan.group_first += group) {
     plan.group_size = std::min(group, pairs - plan.group_first);
     run_tasks(host, plan.group_size * plan.pack_tasks_per_head, &plan, BackwardPackTask<T, IO>);
-    if (plan.blocked) {
-      run_tasks(host, plan.group_size * plan.tasks_per_head, &plan, BlockQueryTask<T, IO>);
-      run_tasks(host, plan.group_size * plan.tasks_per_head, &plan, BlockKeyTask<T, IO>);
-      continue;
-    }
     for (plan.phase = 0; plan.phase < std::min(plan.phases, plan.bands); ++plan.phase) {
-      const std::int64_t per_head = plan.bands_in(plan.phase);
-      run_tasks(host, plan.group_size * per_head, &plan, BandTask<T, IO>);
+      run_tasks(host, plan.group_size * plan.bands_in(plan.phase), &plan, band_task);
     }
     run_tasks(host, plan.group_size * plan.pack_tasks_per_head, &plan, UnpackTask<T, IO>);
   }

@@ -413,6 +413,51 @@ HWY_INLINE void BlockCombine(D d, const WindowGeometry<T>& g, const T* HWY_RESTR
   }
 }
 
+// dst[i * ld + off + k * rs + lane] += P[k * p_stride + o * L + lane] * a[i * ld + k * rs + lane]
+// for every offset o (off its raster distance), the R = kBlockRows vectors k and rows i < rows
+// (a multiple of 4): the transpose of BlockCombine, adding a block's terms to the keys it sees
+// (dK^T += dS Q^T, dV^T += P dO^T). Each column's key rows are read, added to and stored once
+// for all 4 vectors (their query rows held in registers); columns outermost, so that the rows
+// of neighbouring columns, which overlap one position apart, are stored 4 (n + 3) rows apart
+// in time, out of the store queue (a load that overlaps a queued store waits for it).
+template <class D, typename T>
+HWY_INLINE void BlockScatter(D d, const WindowGeometry<T>& g, const T* HWY_RESTRICT P,
+                             const T* HWY_RESTRICT a, size_t rows, T* HWY_RESTRICT dst) {
+  constexpr size_t kR = kBlockRows, kRows = 4;
+  const size_t ld = static_cast<size_t>(g.ld), L = hn::Lanes(d);
+  const size_t rs = static_cast<size_t>(g.block_stride);
+  const size_t p_stride = static_cast<size_t>(g.count) * L;
+  for (const auto& col : g.columns) {
+    const size_t n = static_cast<size_t>(col.n);
+    const T* pc = P + static_cast<size_t>(col.first) * L;
+    for (size_t r0 = 0; r0 < rows; r0 += kRows) {
+      hn::Vec<D> av[kR][kRows];
+      HWY_UNROLL(16)
+      for (size_t k = 0; k < kR; ++k) {
+        HWY_UNROLL(16)
+        for (size_t i = 0; i < kRows; ++i) av[k][i] = hn::Load(d, a + (r0 + i) * ld + k * rs);
+      }
+      T* bc = dst + col.base + r0 * ld;
+      // Key row u serves query k at the column's offset u - k, where 0 <= u - k < n (spelt
+      // out without the test per pair, as in BlockCombine, it measured the same).
+      for (size_t u = 0; u < n + kR - 1; ++u) {
+        hn::Vec<D> x[kRows];
+        HWY_UNROLL(16)
+        for (size_t i = 0; i < kRows; ++i) x[i] = hn::LoadU(d, bc + i * ld + u * rs);
+        HWY_UNROLL(16)
+        for (size_t k = 0; k < kR; ++k) {
+          if (u < k || u - k >= n) continue;
+          const auto p = hn::Load(d, pc + k * p_stride + (u - k) * L);
+          HWY_UNROLL(16)
+          for (size_t i = 0; i < kRows; ++i) x[i] = hn::MulAdd(p, av[k][i], x[i]);
+        }
+        HWY_UNROLL(16)
+        for (size_t i = 0; i < kRows; ++i) hn::StoreU(x[i], d, bc + i * ld + u * rs);
+      }
+    }
+  }
+}
+
 // P = exp(S - shift) over the (count, L) scores S in place; returns their lane-wise sum.
 template <class D, typename T>
 HWY_INLINE hn::Vec<D> ExpInPlace(D d, T* S, size_t count, hn::Vec<D> shift) {
