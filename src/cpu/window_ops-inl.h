@@ -417,9 +417,11 @@ HWY_INLINE void BlockCombine(D d, const WindowGeometry<T>& g, const T* HWY_RESTR
 // for every offset o (off its raster distance), the R = kBlockRows vectors k and rows i < rows
 // (a multiple of 4): the transpose of BlockCombine, adding a block's terms to the keys it sees
 // (dK^T += dS Q^T, dV^T += P dO^T). Each column's key rows are read, added to and stored once
-// for all 4 vectors (their query rows held in registers); columns outermost, so that the rows
-// of neighbouring columns, which overlap one position apart, are stored 4 (n + 3) rows apart
-// in time, out of the store queue (a load that overlaps a queued store waits for it).
+// for all 4 vectors (their query rows held in registers). Neighbouring columns' rows overlap one
+// position apart, and a load that overlaps a queued store waits for it: columns outermost put
+// 4 (n + 3) stores between them. Quads of rows outermost (the query rows loaded once a quad, a
+// column's 72 stores apart at n = 15) measured within noise of this (128x128 square, one
+// thread, 3 rounds: 45.6, 45.2, 46.8 against 51.6, 46.9, 46.8 ms).
 template <class D, typename T>
 HWY_INLINE void BlockScatter(D d, const WindowGeometry<T>& g, const T* HWY_RESTRICT P,
                              const T* HWY_RESTRICT a, size_t rows, T* HWY_RESTRICT dst) {
