@@ -89,7 +89,6 @@ struct WindowBackwardPlan {
   // Bands of one head in `phase`.
   std::int64_t bands_in(std::int64_t ph) const { return (bands - ph + phases - 1) / phases; }
   bool blocked;                   // blocks of kBlockRows vectors, else one vector at a time
-  std::int64_t tasks_per_head;    // blocked: BlockWalk's strips x runs of kBlocksPerTask
   size_t head_elems;              // (3 e_pad + 3 ev_pad + 2) * ld
   const std::uint16_t* scatter_order;  // (count,) per chunk of kOffsetChunk, its walk order
   T* packed;
@@ -272,13 +271,12 @@ struct BlockScratch {
 // Blocks per strip in a scattering task: runs of 4 blocks (16 pixel rows at dilation 1) give a
 // 128x128 head 8 runs, 4 per phase, where kBlocksPerTask's 8 gave 2.
 constexpr std::int64_t kScatterBlocks = 4;
-static_assert(kBlocksPerTask % kScatterBlocks == 0, "a scatter run is part of a BlockWalk run");
 
-// The blocks of one strip's walk from block a_begin to a_end: dQ of their queries, and their
-// terms of dK and dV added to the packed dK^T and dV^T.
+// The blocks of one strip's walk: dQ of their queries, and their terms of dK and dV added to
+// the packed dK^T and dV^T.
 template <typename T, typename IO>
-void ScatterBlocks(const WindowBackwardPlan<T>& plan, const BlockWalk& walk, std::int64_t a_begin,
-                   std::int64_t a_end, const BlockScratch<T>& arrays) {
+void ScatterBlocks(const WindowBackwardPlan<T>& plan, const BlockWalk& walk,
+                   const BlockScratch<T>& arrays) {
   const AttentionBackwardParams& bp = *plan.bp;
   const AttentionParams& p = bp.fwd;
   const WindowGeometry<T>& g = *plan.g;
@@ -291,7 +289,7 @@ void ScatterBlocks(const WindowBackwardPlan<T>& plan, const BlockWalk& walk, std
   IO* dq = static_cast<IO*>(bp.dq) + offset4(bp.dq_stride, walk.b, walk.h, 0, 0);
   const auto [qt, kt, vt, dot, lse, delta] = plan.planes(walk.slot);
   T *dkt = plan.dkt(walk.slot), *dvt = plan.dvt(walk.slot);
-  for (std::int64_t a = a_begin, v0; a < a_end && (v0 = walk.first(a)) >= 0; ++a) {
+  for (std::int64_t a = walk.a_begin, v0; (v0 = walk.first(a)) >= 0; ++a) {
     const size_t col = static_cast<size_t>(g.margin + v0 * walk.L);
     BlockDots(d, g, qt + col, kt + col, plan.e_pad, S);
     BlockDots(d, g, dot + col, vt + col, plan.ev_pad, G);
@@ -340,14 +338,10 @@ void ScatterRunTask(void* ctx, std::int64_t task, int thread) {
   const BlockScratch<T> arrays(plan.scratch + static_cast<size_t>(thread) * plan.scratch_elems,
                                static_cast<size_t>(g.count), plan.e_pad, L);
   std::fill(arrays.scale, arrays.scale + L, static_cast<T>(p.scale));  // dQ = scale dS K
-  const std::int64_t V = g.block_stride / g.lanes;
-  // BlockWalk's task for strip c and the kBlocksPerTask blocks that hold this run.
-  const std::int64_t walk_run = run * kScatterBlocks / kBlocksPerTask;
-  const std::int64_t a_begin = run * kScatterBlocks;
-  for (std::int64_t c = 0; c < V; ++c) {
-    const BlockWalk walk(g, slot * plan.tasks_per_head + walk_run * V + c, plan.tasks_per_head,
-                         plan.group_first, p.heads);
-    ScatterBlocks<T, IO>(plan, walk, a_begin, a_begin + kScatterBlocks, arrays);
+  for (std::int64_t c = 0; c < g.block_stride / g.lanes; ++c) {
+    const BlockWalk walk(g, slot, c, run * kScatterBlocks, kScatterBlocks, plan.group_first,
+                         p.heads);
+    ScatterBlocks<T, IO>(plan, walk, arrays);
   }
 }
 
@@ -424,12 +418,10 @@ Status WindowBackward(const AttentionBackwardParams& bp, const Host& host) {
   // off_max - off_min. P depends on the problem only, never on the thread count, so that every
   // thread count sums each key's terms in the same order.
   if (plan.blocked) {
-    plan.tasks_per_head = BlockTasksPerHead(g);
-    const std::int64_t R = static_cast<std::int64_t>(kBlockRows);
-    const std::int64_t run = kScatterBlocks * R * g.block_stride;  // positions
-    const std::int64_t blocks = (g.vectors * L + R * g.block_stride - 1) / (R * g.block_stride);
+    const std::int64_t run = kScatterBlocks * static_cast<std::int64_t>(kBlockRows) *
+                             g.block_stride;  // positions
     plan.phases = 1 + (g.off_max - g.off_min + run - 1) / run;
-    plan.bands = (blocks + kScatterBlocks - 1) / kScatterBlocks;
+    plan.bands = (BlocksPerStrip(g) + kScatterBlocks - 1) / kScatterBlocks;
   } else {
     // P = 3 phases: a 128x128 head under a 15x15 window then has 18 bands (6 per phase, 3
     // rounds of 2 threads each) where P = 2 gave 10 of twice the size (5 per phase: a round

@@ -233,37 +233,51 @@ constexpr size_t kBlockOffsets = 6;
 // the last one read.
 constexpr std::int64_t kBlocksPerTask = 8;
 
+// Blocks (of kBlockRows vectors, block_stride positions apart) down each strip of a head.
+template <typename T>
+std::int64_t BlocksPerStrip(const WindowGeometry<T>& g) {
+  const std::int64_t R = static_cast<std::int64_t>(kBlockRows);
+  const std::int64_t V = g.block_stride / g.lanes;
+  return (g.vectors + R * V - 1) / (R * V);
+}
+
 // Tasks per head of a blocked pass: strips of V = block_stride / L vectors side by side, each
 // cut into runs of kBlocksPerTask blocks.
 template <typename T>
 std::int64_t BlockTasksPerHead(const WindowGeometry<T>& g) {
-  const std::int64_t R = static_cast<std::int64_t>(kBlockRows);
-  const std::int64_t V = g.block_stride / g.lanes;
-  const std::int64_t blocks = (g.vectors + R * V - 1) / (R * V);
-  return V * ((blocks + kBlocksPerTask - 1) / kBlocksPerTask);
+  return g.block_stride / g.lanes * ((BlocksPerStrip(g) + kBlocksPerTask - 1) / kBlocksPerTask);
 }
 
-// Task `task` of a blocked pass over a packed group whose first (batch, head) pair is
-// group_first: its head and its blocks, vectors v0 + k V (k < kBlockRows) each.
+// Blocks [a_begin, a_begin + blocks) of strip c of head `slot` of a packed group whose first
+// (batch, head) pair is group_first: vectors v0 + k V (k < kBlockRows) each.
 struct BlockWalk {
   std::int64_t slot, b, h;     // head slot in the packed group, batch, head
   std::int64_t L, V, vectors;  // lanes, vectors per block stride, vectors per head
-  std::int64_t c, a_begin;     // strip, first block
+  std::int64_t c, a_begin, blocks;  // strip, first block, blocks
   template <typename T>
-  BlockWalk(const WindowGeometry<T>& g, std::int64_t task, std::int64_t tasks_per_head,
-            std::int64_t group_first, std::int64_t heads)
-      : slot(task / tasks_per_head),
-        b((group_first + slot) / heads),
-        h((group_first + slot) % heads),
+  BlockWalk(const WindowGeometry<T>& g, std::int64_t slot_, std::int64_t strip,
+            std::int64_t first_block, std::int64_t block_count, std::int64_t group_first,
+            std::int64_t heads)
+      : slot(slot_),
+        b((group_first + slot_) / heads),
+        h((group_first + slot_) % heads),
         L(g.lanes),
         V(g.block_stride / g.lanes),
         vectors(g.vectors),
-        c(task % tasks_per_head % V),
-        a_begin(task % tasks_per_head / V * kBlocksPerTask) {}
-  // First vector of block a, or -1 past the task's blocks or the head.
+        c(strip),
+        a_begin(first_block),
+        blocks(block_count) {}
+  // Task `task` of a blocked pass (BlockTasksPerHead a head): kBlocksPerTask blocks of a strip.
+  template <typename T>
+  BlockWalk(const WindowGeometry<T>& g, std::int64_t task, std::int64_t tasks_per_head,
+            std::int64_t group_first, std::int64_t heads)
+      : BlockWalk(g, task / tasks_per_head, task % tasks_per_head % (g.block_stride / g.lanes),
+                  task % tasks_per_head / (g.block_stride / g.lanes) * kBlocksPerTask,
+                  kBlocksPerTask, group_first, heads) {}
+  // First vector of block a, or -1 past the walk's blocks or the head.
   std::int64_t first(std::int64_t a) const {
     const std::int64_t v0 = a * static_cast<std::int64_t>(kBlockRows) * V + c;
-    return a < a_begin + kBlocksPerTask && v0 < vectors ? v0 : -1;
+    return a < a_begin + blocks && v0 < vectors ? v0 : -1;
   }
   // Raster position of the first lane of vector k of the block from v0.
   std::int64_t position(std::int64_t v0, size_t k) const {
