@@ -150,16 +150,42 @@ def test_pattern_bench_side_by_side(tmp_path):
     report = bench_patterns.run(str(tmp_path), cases=[case], reps=1, with_memory=False,
                                 with_flex=True, log=lambda line: None)
     c = report["cases"][0]
-    assert set(c["results"]) == {"attn2d-pattern", "attn2d-global", "dense-masked-math",
-                                 "flex-forward"}
+    assert set(c["results"]) == {"attn2d-pattern", "attn2d-pattern-steady", "attn2d-global",
+                                 "dense-masked-math", "flex-forward"}
     s = c["summary"]
     assert s["allowed_pairs"] == 2 * int(Window(3).dense_mask((12, 12), (12, 12)).sum())
     assert s["allowed_pairs"] <= s["visited_pairs"] <= s["global_pairs"]
     # The window kernels compute all 9 offsets of every query (the border's included).
     assert s["visited_pairs"] == 2 * 144 * 9
     assert s["per_pair_ratio_fwd"] > 0 and s["per_pair_ratio_bwd"] > 0
+    assert s["per_pair_ratio_fwd_steady"] > 0 and s["per_pair_ratio_bwd_steady"] > 0
     assert s["flex_over_attn2d_fwd"] > 0
     assert "| window 3, 12x12 | attn2d-pattern |" in (tmp_path / "bench_patterns.md").read_text()
+
+
+def test_pattern_bench_times_first_and_steady_steps_after_global(monkeypatch):
+    """Each rep: the global step, then STEADY_STEPS + 1 pattern steps; the first pattern step is
+    'attn2d-pattern' and the last 'attn2d-pattern-steady' (the ratios come from those runs)."""
+    import attn2d
+    from attn2d import bench_patterns
+    from attn2d.patterns import Window
+
+    real = attn2d.attention2d
+    calls = []
+
+    def recording(q, k, v, **kw):
+        calls.append("P" if kw.get("pattern") is not None else "G")
+        return real(q, k, v, **kw)
+
+    monkeypatch.setattr(attn2d, "attention2d", recording)
+    case = bench_patterns.PatternCase("w", 1, (6, 6), (6, 6), 4, 4, Window(3))
+    out = bench_patterns.run_case(case, reps=2, with_memory=False, with_flex=False,
+                                  log=lambda line: None)
+    one_rep = ["G"] + ["P"] * (bench_patterns.STEADY_STEPS + 1)
+    assert calls == one_rep * 3  # the warm-up round, then 2 reps
+    r = out["results"]
+    assert len(r["attn2d-pattern"]["forward_runs_s"]) == 2
+    assert r["attn2d-pattern"]["forward_runs_s"] is not r["attn2d-pattern-steady"]["forward_runs_s"]
 
 
 @pytest.mark.parametrize("pattern,q_hw,kv_hw,heads", [
