@@ -32,7 +32,9 @@ DENSE_LIMIT = 1 << 28  # heads * N * M elements: beyond, the masked math path wo
 # process killed for memory.
 FLEX_LIMIT = 1 << 30
 # Untimed pattern steps between the one right after the global step and the steady one (on the
-# development VM the fourth call after a global step is within noise of back-to-back calls).
+# development VM the fourth call after a global step ran within 5-10% of back-to-back calls:
+# 128x128 diamond forward 4.7 against 4.1-4.4 ms, YLG 5.3 against 5.1 ms, where the first ran
+# 5.9 and 6.8 ms).
 STEADY_STEPS = 3
 
 
@@ -163,6 +165,8 @@ def run_case(case: PatternCase, reps: int, with_memory: bool, with_flex: bool,
     # (128x128 diamond forward, one thread: 8.2 ms back to back, 11.1 ms after a 350 ms sleep,
     # 9.3 ms the call after): a state of the machine that a 1 s global step amortises and a
     # 5 ms pattern step does not.
+    log(f"    attn2d {case.pattern!r} (layout built in {build_s:.1f} s) and attn2d global, "
+        "interleaved ...")
     pattern_fn = lambda a, b, c: attn2d.attention2d(a, b, c, pattern=case.pattern)  # noqa: E731
     runs = time_training_steps(
         [lambda a, b, c: attn2d.attention2d(a, b, c)] + [pattern_fn] * (STEADY_STEPS + 1),
