@@ -96,14 +96,17 @@ def test_gradcheck(pattern, heads):
                                     (q, k, v))
 
 
-def test_strided_nchw_views():
-    # 1x1 conv outputs (B, heads*d, H, W) -> (B, heads, H, W, d) without a copy.
+@pytest.mark.parametrize("pattern", [Window(3), YLG(None, patterns=["ltr-repetitive",
+                                                                   "rtl-repetitive"])], ids=repr)
+def test_strided_nchw_views(pattern):
+    # 1x1 conv outputs (B, heads*d, H, W) -> (B, heads, H, W, d) without a copy. YLG's
+    # repetitive heads: each query's own-position key comes from visits that allow one key a
+    # row, computed row by row from the tensors (VisitSingleKeys), here with strided channels.
     B, heads, H, W = 2, 2, 9, 11
     x = torch.randn(B, heads * 9, H, W, dtype=torch.float64)
     q, k, v = (x[:, i * heads * 3:(i + 1) * heads * 3].view(B, heads, 3, H, W).permute(0, 1, 3, 4, 2)
                for i in range(3))
     assert q.stride(-1) == H * W
-    pattern = Window(3)
     out = attn2d.attention2d(q, k, v, pattern=pattern)
     want = naive_attention(q.flatten(2, 3), k.flatten(2, 3), v.flatten(2, 3),
                            attn_mask=pattern.dense_mask((H, W), (H, W), heads)).unflatten(2, (H, W))

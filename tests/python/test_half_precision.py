@@ -75,7 +75,8 @@ def test_fully_masked_rows_give_zero_and_zero_gradient(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("pattern", [Window(5, "manhattan"), Window(4, border="shift"), YLG(2)])
+@pytest.mark.parametrize("pattern", [Window(5, "manhattan"), Window(4, border="shift"), YLG(2),
+                                     YLG(None, patterns=["rtl-repetitive", "ltr-repetitive"])])
 def test_patterns_in_16_bit(dtype, pattern):
     torch.manual_seed(5)
     B, H, Hq, Wq, E = 2, 2, 11, 13, 8
