@@ -280,14 +280,6 @@ HWY_INLINE void VisitKeyTile(const AttentionParams& p, const ForwardPlan<T>& pla
   Gemm<true>(rows, Evp, cols, a.s, ld_s, 1, v, ld_v, a.acc, Evp);
 }
 
-// True when the visit's mask allows at most one key in each of its `rows` rows.
-HWY_INLINE bool AtMostOneKeyARow(const std::uint64_t* words, size_t rows) {
-  for (size_t r = 0; r < rows; ++r) {
-    if ((words[r] & (words[r] - 1)) != 0) return false;
-  }
-  return true;
-}
-
 // A visit whose mask allows at most one key a row: a repetitive YLG pattern's own-position keys,
 // where each query sees one key of its query tile's run of 16 (128x128 over 64x64). Each row's
 // score is its packed query row dotted with the key's row, read from the tensor, and the online
@@ -309,9 +301,6 @@ HWY_INLINE void VisitSingleKeys(const AttentionParams& p, const ForwardPlan<T>& 
   const size_t Evp = plan.dim_v_pad;
   const IO* k = static_cast<const IO*>(p.k) + offset4(p.k_stride, b, h, 0, 0);
   const IO* v = static_cast<const IO*>(p.v) + offset4(p.v_stride, b, h, 0, 0);
-  // Bits past the tile's keys allow nothing (MaskTileBits masks them too).
-  const std::uint64_t valid =
-      keys.count >= 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << keys.count) - 1;
   constexpr size_t kMaxLanes = HWY_MAX_BYTES / sizeof(T);
   HWY_ALIGN T score[kMaxLanes];
   HWY_ALIGN T alpha[kMaxLanes];
@@ -322,24 +311,11 @@ HWY_INLINE void VisitSingleKeys(const AttentionParams& p, const ForwardPlan<T>& 
     for (size_t i = 0; i < L; ++i) {
       score[i] = kNegInf;
       key_of[i] = -1;
-      const std::uint64_t w = i < n ? words[r0 + i] & valid : 0;
-      if (w == 0) continue;
-      key_of[i] = keys[static_cast<size_t>(__builtin_ctzll(w))];
-      const T* qr = a.q + (r0 + i) * E;  // scaled
-      const IO* kr = k + key_of[i] * p.k_stride[2];
-      size_t e = 0;
-      T s = 0;
-      if constexpr (std::is_same<IO, T>::value) {
-        if (p.k_stride[3] == 1) {
-          auto dot = hn::Zero(d);
-          for (; e + L <= E; e += L) {
-            dot = hn::MulAdd(hn::LoadU(d, qr + e), hn::LoadU(d, kr + e), dot);
-          }
-          s = hn::GetLane(hn::SumOfLanes(d, dot));
-        }
-      }
-      for (; e < E; ++e) s += qr[e] * Load<T>(kr[static_cast<std::int64_t>(e) * p.k_stride[3]]);
-      score[i] = s;
+      const int c = i < n ? SingleKeyColumn(words[r0 + i], keys.count) : -1;
+      if (c < 0) continue;
+      key_of[i] = keys[static_cast<size_t>(c)];
+      // The packed query row is scaled.
+      score[i] = DotRow(a.q + (r0 + i) * E, k + key_of[i] * p.k_stride[2], E, p.k_stride[3]);
     }
     // m and l are padded to whole vectors (unset past the tile's rows: only n lanes are stored).
     const auto valid_lanes = hn::FirstN(d, n);
@@ -362,19 +338,7 @@ HWY_INLINE void VisitSingleKeys(const AttentionParams& p, const ForwardPlan<T>& 
       T* acc = a.acc + (r0 + i) * Evp;
       if (alpha[i] != T(1)) ScaleRow(acc, Evp, alpha[i]);
       if (key_of[i] < 0) continue;
-      const IO* vr = v + key_of[i] * p.v_stride[2];
-      size_t e = 0;
-      if constexpr (std::is_same<IO, T>::value) {
-        if (p.v_stride[3] == 1) {
-          const auto pr = hn::Set(d, prob[i]);
-          for (; e + L <= Ev; e += L) {
-            hn::StoreU(hn::MulAdd(pr, hn::LoadU(d, vr + e), hn::LoadU(d, acc + e)), d, acc + e);
-          }
-        }
-      }
-      for (; e < Ev; ++e) {
-        acc[e] += prob[i] * Load<T>(vr[static_cast<std::int64_t>(e) * p.v_stride[3]]);
-      }
+      AxpyRow(acc, prob[i], v + key_of[i] * p.v_stride[2], Ev, p.v_stride[3]);
     }
   }
 }

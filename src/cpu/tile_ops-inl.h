@@ -714,6 +714,60 @@ HWY_INLINE size_t VisitColumns(const std::uint64_t* words, size_t rows, size_t c
   return std::min(cols, static_cast<size_t>(64 - __builtin_clzll(any)));
 }
 
+// True when a visit's mask allows at most one key in each of its `rows` rows: the kernels then
+// take each row's one key by itself (VisitSingleKeys, SingleKeyGrads) instead of a tile.
+HWY_INLINE bool AtMostOneKeyARow(const std::uint64_t* words, size_t rows) {
+  for (size_t r = 0; r < rows; ++r) {
+    if ((words[r] & (words[r] - 1)) != 0) return false;
+  }
+  return true;
+}
+
+// Column c of a visit's one key a row: bit c of the row's word, bits past the tile's `count`
+// keys ignored (MaskTileBits masks them too); -1 for a row that sees no key.
+HWY_INLINE int SingleKeyColumn(std::uint64_t word, size_t count) {
+  const std::uint64_t valid = count >= 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << count) - 1;
+  const std::uint64_t w = word & valid;
+  return w == 0 ? -1 : __builtin_ctzll(w);
+}
+
+// sum over e < n of x[e] * y[e * ys]: x packed (T), y a tensor row (IO, stride ys in elements).
+template <typename T, typename IO>
+HWY_INLINE T DotRow(const T* HWY_RESTRICT x, const IO* HWY_RESTRICT y, size_t n,
+                    std::int64_t ys) {
+  size_t e = 0;
+  T s = 0;
+  if constexpr (std::is_same<IO, T>::value) {
+    if (ys == 1) {
+      const hn::ScalableTag<T> d;
+      const size_t L = hn::Lanes(d);
+      auto dot = hn::Zero(d);
+      for (; e + L <= n; e += L) dot = hn::MulAdd(hn::LoadU(d, x + e), hn::LoadU(d, y + e), dot);
+      s = hn::GetLane(hn::SumOfLanes(d, dot));
+    }
+  }
+  for (; e < n; ++e) s += x[e] * Load<T>(y[static_cast<std::int64_t>(e) * ys]);
+  return s;
+}
+
+// x[e] += a * y[e * ys] for e < n: x packed (T), y a tensor row (IO, stride ys in elements).
+template <typename T, typename IO>
+HWY_INLINE void AxpyRow(T* HWY_RESTRICT x, T a, const IO* HWY_RESTRICT y, size_t n,
+                        std::int64_t ys) {
+  size_t e = 0;
+  if constexpr (std::is_same<IO, T>::value) {
+    if (ys == 1) {
+      const hn::ScalableTag<T> d;
+      const size_t L = hn::Lanes(d);
+      const auto va = hn::Set(d, a);
+      for (; e + L <= n; e += L) {
+        hn::StoreU(hn::MulAdd(va, hn::LoadU(d, y + e), hn::LoadU(d, x + e)), d, x + e);
+      }
+    }
+  }
+  for (; e < n; ++e) x[e] += a * Load<T>(y[static_cast<std::int64_t>(e) * ys]);
+}
+
 // One key tile's step of the online softmax for every row of the score tile s (rows x
 // cols_pad, row stride ld), whose masked entries are -inf: updates the running max m and sum l,
 // rescales the accumulator rows (ld_acc wide) and leaves the tile's probabilities in s.

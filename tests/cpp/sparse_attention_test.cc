@@ -21,7 +21,9 @@ namespace {
 // with `drop` > 0 a part: each row left out of every tile with that probability), each (query
 // tile, key tile) pair visited with probability 0.6 and masked at random or full. With
 // `reach`, a masked visit allows keys only in its key tile's first 1..64 columns (drawn per
-// visit), so the kernels' cut to a visit's leading columns (VisitColumns) lands anywhere.
+// visit), so the kernels' cut to a visit's leading columns (VisitColumns) lands anywhere. With
+// `one_key`, a masked visit allows at most one key a row (a repetitive YLG pattern's
+// own-position keys), which the kernels take row by row (VisitSingleKeys, SingleKeyGrads).
 struct RandomLayout {
   std::vector<std::int32_t> head_layout, q_rows, k_rows, fwd_k_tile, bwd_q_tile;
   std::vector<std::int64_t> q_begin, k_begin, fwd_begin, fwd_mask, bwd_begin, bwd_mask;
@@ -30,7 +32,8 @@ struct RandomLayout {
   SparseLayout view;
 
   RandomLayout(std::int64_t heads, std::int64_t len_q, std::int64_t len_k, int layouts,
-               std::int64_t block_q, std::uint64_t seed, double drop = 0.0, bool reach = false) {
+               std::int64_t block_q, std::uint64_t seed, double drop = 0.0, bool reach = false,
+               bool one_key = false) {
     std::mt19937_64 rng(seed);
     dense.assign(static_cast<size_t>(layouts * len_q * len_k), 0);
     q_begin = {0};
@@ -71,10 +74,13 @@ struct RandomLayout {
           const std::int64_t columns = reach && !all ? 1 + static_cast<std::int64_t>(rng() % 64) : 64;
           for (std::int64_t r = 0; r < block_q; ++r) {
             const std::int32_t i = q_rows[qt * block_q + r];
+            // one_key: the row's one column (a padding column or a lost coin: none).
+            const std::int64_t pick =
+                one_key && bit(rng) ? static_cast<std::int64_t>(rng() % columns) : -1;
             for (std::int64_t c = 0; c < columns; ++c) {
               const std::int32_t j = k_rows[kt * 64 + c];
               if (i < 0 || j < 0) continue;
-              const bool ok = all || bit(rng);
+              const bool ok = all || (one_key ? c == pick : bit(rng));
               if (ok) words[r] |= std::uint64_t{1} << c;
               if (ok) dense[(l * len_q + i) * len_k + j] = 1;
             }
@@ -140,8 +146,9 @@ INSTANTIATE_TEST_SUITE_P(Targets, SparseAttention,
 template <typename T>
 void expect_sparse_matches_dense(std::int64_t B, std::int64_t H, std::int64_t Lq, std::int64_t Lk,
                                  std::int64_t E, std::int64_t Ev, int layouts,
-                                 std::int64_t block_q, std::uint64_t seed, bool reach = false) {
-  RandomLayout lay(H, Lq, Lk, layouts, block_q, seed, /*drop=*/0.0, reach);
+                                 std::int64_t block_q, std::uint64_t seed, bool reach = false,
+                                 bool one_key = false) {
+  RandomLayout lay(H, Lq, Lk, layouts, block_q, seed, /*drop=*/0.0, reach, one_key);
   // The oracle: the reference backend with the layout's dense mask, per head.
   auto dense = make_problem<double>(B, H, Lq, Lk, E, Ev, Layout::kSequenceMajor, seed + 1,
                                     MaskKind::kBool, {true, false, false, false});
@@ -204,6 +211,16 @@ TEST_P(SparseAttention, RandomLayoutsMatchTheDenseMaskOracle) {
   expect_sparse_matches_dense<double>(2, 3, 130, 150, 7, 5, 2, 64, 1);
   expect_sparse_matches_dense<double>(1, 2, 17, 200, 16, 8, 1, 16, 2);
   expect_sparse_matches_dense<float>(2, 2, 100, 90, 8, 24, 2, 32, 3);
+}
+
+// Masked visits that allow at most one key a row take the row-by-row paths, forward and in both
+// backward passes; every schedule must still give the same bits (checked above) and match the
+// oracle. Full visits stay on tiles, so each query tile mixes the two.
+TEST_P(SparseAttention, OneKeyARowVisitsMatchTheOracleInEverySchedule) {
+  expect_sparse_matches_dense<double>(2, 3, 130, 150, 7, 5, 2, 64, 11, false, true);
+  expect_sparse_matches_dense<double>(1, 2, 17, 200, 16, 8, 1, 16, 12, true, true);
+  expect_sparse_matches_dense<float>(2, 2, 100, 90, 8, 24, 2, 32, 13, false, true);
+  expect_sparse_matches_dense<float>(1, 3, 70, 64, 16, 16, 1, 64, 14, true, true);
 }
 
 // Masked visits that reach only part of their key tile: the kernels compute the leading
