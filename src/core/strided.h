@@ -52,4 +52,17 @@ SliceMask<T> slice_mask(const AttentionParams& p, std::int64_t b, std::int64_t h
   return m;
 }
 
+// The keys and values of slice (b, h) of p, at its position 0 (element type IO).
+template <typename IO>
+struct SliceKeysValues {
+  const IO* k;
+  const IO* v;
+};
+
+template <typename IO>
+SliceKeysValues<IO> slice_keys_values(const AttentionParams& p, std::int64_t b, std::int64_t h) {
+  return {static_cast<const IO*>(p.k) + offset4(p.k_stride, b, h, 0, 0),
+          static_cast<const IO*>(p.v) + offset4(p.v_stride, b, h, 0, 0)};
+}
+
 }  // namespace attn2d

@@ -371,8 +371,7 @@ HWY_INLINE void SingleKeyGrads(const BackwardPlan<T>& plan, std::int64_t b, std:
   const size_t L = hn::Lanes(d);
   const size_t E = static_cast<size_t>(p.dim_qk), Ev = static_cast<size_t>(p.dim_v);
   const size_t Ep = plan.dim_qk_pad, Evp = plan.dim_v_pad;
-  const IO* k = static_cast<const IO*>(p.k) + offset4(p.k_stride, b, h, 0, 0);
-  const IO* v = static_cast<const IO*>(p.v) + offset4(p.v_stride, b, h, 0, 0);
+  const auto [k, v] = slice_keys_values<IO>(p, b, h);
   constexpr size_t kMaxLanes = HWY_MAX_BYTES / sizeof(T);
   HWY_ALIGN T score[kMaxLanes];
   HWY_ALIGN T dp[kMaxLanes];
@@ -381,17 +380,16 @@ HWY_INLINE void SingleKeyGrads(const BackwardPlan<T>& plan, std::int64_t b, std:
   HWY_ALIGN T prob[kMaxLanes];
   HWY_ALIGN T ds[kMaxLanes];
   int col[kMaxLanes];
+  std::int64_t key[kMaxLanes];
   if (dq_term != nullptr) std::fill(dq_term, dq_term + rows * Ep, T(0));
   for (size_t r0 = 0; r0 < rows; r0 += L) {
     const size_t n = std::min(L, rows - r0);
+    SingleKeyScores(words, keys, r0, n, L, a.q, Ep, k, p.k_stride[2], p.k_stride[3], E, col, key,
+                    score);
     for (size_t i = 0; i < L; ++i) {
-      col[i] = i < n ? SingleKeyColumn(words[r0 + i], keys.count) : -1;
-      score[i] = kNegInf;
       dp[i] = lse[i] = delta[i] = T(0);
       if (col[i] < 0) continue;
-      const std::int64_t key = keys[static_cast<size_t>(col[i])];
-      score[i] = DotRow(a.q + (r0 + i) * Ep, k + key * p.k_stride[2], E, p.k_stride[3]);
-      dp[i] = DotRow(a.dout + (r0 + i) * Evp, v + key * p.v_stride[2], Ev, p.v_stride[3]);
+      dp[i] = DotRow(a.dout + (r0 + i) * Evp, v + key[i] * p.v_stride[2], Ev, p.v_stride[3]);
       lse[i] = a.lse[r0 + i];
       delta[i] = a.delta[r0 + i];
     }
@@ -405,7 +403,7 @@ HWY_INLINE void SingleKeyGrads(const BackwardPlan<T>& plan, std::int64_t b, std:
       if (col[i] < 0 || prob[i] == T(0)) continue;
       const size_t r = r0 + i, c = static_cast<size_t>(col[i]);
       if (dq_term != nullptr) {
-        AxpyRow(dq_term + r * Ep, ds[i], k + keys[c] * p.k_stride[2], E, p.k_stride[3]);
+        AxpyRow(dq_term + r * Ep, ds[i], k + key[i] * p.k_stride[2], E, p.k_stride[3]);
       }
       if (dk != nullptr) {
         AxpyRow(dk + c * Ep, ds[i], a.q + r * Ep, Ep, 1);
@@ -422,8 +420,7 @@ HWY_INLINE void PackKeyTile(const AttentionParams& p, const BackwardPlan<T>& pla
                             bool row_major_k, const typename BackwardPlan<T>::Arrays& a) {
   const size_t bk = static_cast<size_t>(plan.tiles.block_k);
   const size_t E = static_cast<size_t>(p.dim_qk), Ev = static_cast<size_t>(p.dim_v);
-  const IO* k = static_cast<const IO*>(p.k) + offset4(p.k_stride, b, h, 0, 0);
-  const IO* v = static_cast<const IO*>(p.v) + offset4(p.v_stride, b, h, 0, 0);
+  const auto [k, v] = slice_keys_values<IO>(p, b, h);
 #if defined(ATTN2D_NATIVE_BF16)
   if constexpr (std::is_same<IO, BFloat16>::value) {
     if (plan.native_bf16) {

@@ -299,24 +299,18 @@ HWY_INLINE void VisitSingleKeys(const AttentionParams& p, const ForwardPlan<T>& 
   const size_t L = hn::Lanes(d);
   const size_t E = static_cast<size_t>(p.dim_qk), Ev = static_cast<size_t>(p.dim_v);
   const size_t Evp = plan.dim_v_pad;
-  const IO* k = static_cast<const IO*>(p.k) + offset4(p.k_stride, b, h, 0, 0);
-  const IO* v = static_cast<const IO*>(p.v) + offset4(p.v_stride, b, h, 0, 0);
+  const auto [k, v] = slice_keys_values<IO>(p, b, h);
   constexpr size_t kMaxLanes = HWY_MAX_BYTES / sizeof(T);
   HWY_ALIGN T score[kMaxLanes];
   HWY_ALIGN T alpha[kMaxLanes];
   HWY_ALIGN T prob[kMaxLanes];
   std::int64_t key_of[kMaxLanes];
+  int col[kMaxLanes];
   for (size_t r0 = 0; r0 < rows; r0 += L) {
     const size_t n = std::min(L, rows - r0);
-    for (size_t i = 0; i < L; ++i) {
-      score[i] = kNegInf;
-      key_of[i] = -1;
-      const int c = i < n ? SingleKeyColumn(words[r0 + i], keys.count) : -1;
-      if (c < 0) continue;
-      key_of[i] = keys[static_cast<size_t>(c)];
-      // The packed query row is scaled.
-      score[i] = DotRow(a.q + (r0 + i) * E, k + key_of[i] * p.k_stride[2], E, p.k_stride[3]);
-    }
+    // The packed query rows are scaled.
+    SingleKeyScores(words, keys, r0, n, L, a.q, E, k, p.k_stride[2], p.k_stride[3], E, col, key_of,
+                    score);
     // m and l are padded to whole vectors (unset past the tile's rows: only n lanes are stored).
     const auto valid_lanes = hn::FirstN(d, n);
     const auto vs = hn::Load(d, score);

@@ -750,6 +750,23 @@ HWY_INLINE T DotRow(const T* HWY_RESTRICT x, const IO* HWY_RESTRICT y, size_t n,
   return s;
 }
 
+// Rows r0 .. r0 + n - 1 of a visit that allows at most one key a row, a vector's worth (lanes):
+// key[i] = the key row that row r0 + i sees (-1: none, and for lanes i >= n), col[i] its column
+// in the key tile, score[i] = x_i . k_key over E elements (x: packed rows, ldx apart; k: the
+// slice's keys, ks_row and ks_col apart), -inf for rows without a key.
+template <typename T, typename IO>
+HWY_INLINE void SingleKeyScores(const std::uint64_t* words, const Rows& keys, size_t r0, size_t n,
+                                size_t lanes, const T* x, size_t ldx, const IO* k,
+                                std::int64_t ks_row, std::int64_t ks_col, size_t E, int* col,
+                                std::int64_t* key, T* score) {
+  for (size_t i = 0; i < lanes; ++i) {
+    col[i] = i < n ? SingleKeyColumn(words[r0 + i], keys.count) : -1;
+    key[i] = col[i] < 0 ? -1 : keys[static_cast<size_t>(col[i])];
+    score[i] = col[i] < 0 ? -std::numeric_limits<T>::infinity()
+                          : DotRow(x + (r0 + i) * ldx, k + key[i] * ks_row, E, ks_col);
+  }
+}
+
 // x[e] += a * y[e * ys] for e < n: x packed (T), y a tensor row (IO, stride ys in elements).
 template <typename T, typename IO>
 HWY_INLINE void AxpyRow(T* HWY_RESTRICT x, T a, const IO* HWY_RESTRICT y, size_t n,
