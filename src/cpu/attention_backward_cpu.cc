@@ -611,7 +611,18 @@ void SparseKeyTile(const BackwardPlan<T>& plan, std::int64_t b, std::int64_t h,
   Rows keys;
   if (!LayoutTile(lay, h, local, /*query=*/false, &g, &keys)) return;
   const size_t cols = keys.count, cols_pad = (cols + L - 1) / L * L;
-  PackKeyTile<T, IO>(p, plan, b, h, keys, cols_pad, /*row_major_k=*/dq_share != nullptr, a);
+  // Visits that allow at most one key a row read the key's rows from the tensors
+  // (SingleKeyGrads); a tile that only they visit (a repetitive YLG pattern's own-position run:
+  // 256 of a 128x128 head's 257 tiles) is not packed.
+  auto by_rows = [&](std::int64_t visit, size_t rows) {
+    return !plan.native_bf16 && AtMostOneKeyARow(MaskWords(lay, lay.bwd_mask[visit]), rows);
+  };
+  for (std::int64_t visit = lay.bwd_begin[g]; visit < lay.bwd_begin[g + 1]; ++visit) {
+    if (!by_rows(visit, LayoutTileRows(lay, lay.bwd_q_tile[visit], /*query=*/true).count)) {
+      PackKeyTile<T, IO>(p, plan, b, h, keys, cols_pad, /*row_major_k=*/dq_share != nullptr, a);
+      break;
+    }
+  }
   std::fill(a.dk, a.dk + cols * plan.dim_qk_pad, T(0));
   std::fill(a.dv, a.dv + cols * plan.dim_v_pad, T(0));
   auto visit_arrays = a;  // a, or a with its query side in `gathered`
@@ -637,7 +648,7 @@ void SparseKeyTile(const BackwardPlan<T>& plan, std::int64_t b, std::int64_t h,
       }
       PackQueryTile<T, IO>(bp, plan, b, h, rows, a);
     }
-    if (words != nullptr && !plan.native_bf16 && AtMostOneKeyARow(words, rows.count)) {
+    if (by_rows(visit, rows.count)) {
       SingleKeyGrads<T, IO>(plan, b, h, rows.count, keys, words, visit_arrays,
                             dq_share != nullptr ? a.dq_term : nullptr, a.dk, a.dv);
       if (dq_share != nullptr) {
@@ -815,7 +826,7 @@ HWY_INLINE void QueryTileGrad(const BackwardPlan<T>& plan, std::int64_t b, std::
       current = group;
     }
     T* sum = groups_seen == 1 ? a.dq : a.dq_group;
-    if (words != nullptr && !plan.native_bf16 && AtMostOneKeyARow(words, rows.count)) {
+    if (!plan.native_bf16 && AtMostOneKeyARow(words, rows.count)) {
       SingleKeyGrads<T, IO>(plan, b, h, rows.count, keys, words, a, a.dq_term, nullptr, nullptr);
       AddRow(sum, a.dq_term, n);
       return;

@@ -414,7 +414,7 @@ void SparseForwardTask(void* ctx, std::int64_t task, int thread) {
   for (std::int64_t visit = lay.fwd_begin[g]; visit < lay.fwd_begin[g + 1]; ++visit) {
     const Rows keys = LayoutTileRows(lay, lay.fwd_k_tile[visit], /*query=*/false);
     const std::uint64_t* words = MaskWords(lay, lay.fwd_mask[visit]);
-    if (words != nullptr && !plan.native_bf16 && AtMostOneKeyARow(words, rows.count)) {
+    if (!plan.native_bf16 && AtMostOneKeyARow(words, rows.count)) {
       VisitSingleKeys<T, IO>(p, plan, b, h, rows.count, keys, words, a);
       continue;
     }

@@ -714,9 +714,16 @@ HWY_INLINE size_t VisitColumns(const std::uint64_t* words, size_t rows, size_t c
   return std::min(cols, static_cast<size_t>(64 - __builtin_clzll(any)));
 }
 
-// True when a visit's mask allows at most one key in each of its `rows` rows: the kernels then
-// take each row's one key by itself (VisitSingleKeys, SingleKeyGrads) instead of a tile.
+// The mask word of a tile's first n (<= 64) columns.
+HWY_INLINE std::uint64_t LeadingColumns(size_t n) {
+  return n >= 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << n) - 1;
+}
+
+// True when a visit's mask allows at most one key in each of its `rows` rows (false for a full
+// visit, null words): the kernels then take each row's one key by itself (VisitSingleKeys,
+// SingleKeyGrads) instead of a tile.
 HWY_INLINE bool AtMostOneKeyARow(const std::uint64_t* words, size_t rows) {
+  if (words == nullptr) return false;
   for (size_t r = 0; r < rows; ++r) {
     if ((words[r] & (words[r] - 1)) != 0) return false;
   }
@@ -726,8 +733,7 @@ HWY_INLINE bool AtMostOneKeyARow(const std::uint64_t* words, size_t rows) {
 // Column c of a visit's one key a row: bit c of the row's word, bits past the tile's `count`
 // keys ignored (MaskTileBits masks them too); -1 for a row that sees no key.
 HWY_INLINE int SingleKeyColumn(std::uint64_t word, size_t count) {
-  const std::uint64_t valid = count >= 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << count) - 1;
-  const std::uint64_t w = word & valid;
+  const std::uint64_t w = word & LeadingColumns(count);
   return w == 0 ? -1 : __builtin_ctzll(w);
 }
 
@@ -934,7 +940,7 @@ HWY_INLINE void MaskTileBits(T* HWY_RESTRICT S, size_t ld, size_t rows, size_t c
   const hn::ScalableTag<T> d;
   const size_t L = hn::Lanes(d);
   const auto neg_inf = hn::Set(d, kNegInf);
-  const std::uint64_t all = cols >= 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << cols) - 1;
+  const std::uint64_t all = LeadingColumns(cols);
   for (size_t r = 0; r < rows; ++r) {
     T* s = S + r * ld;
     for (size_t c = cols; c < cols_pad; ++c) s[c] = kNegInf;
