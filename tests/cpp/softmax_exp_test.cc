@@ -4,6 +4,7 @@
 // VSCALEFPS and the others add n to the exponent bits.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
