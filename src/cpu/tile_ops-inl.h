@@ -166,9 +166,10 @@ HWY_INLINE bool RowHasNaN(const T* HWY_RESTRICT x, size_t n) {
 // 2^n goes straight into the exponent bits, valid for n >= -126; below x = -87 the result is 0,
 // as exp underflows there anyway next to the row maximum's exp(0) = 1. NaN x stays NaN (a NaN
 // score must give a NaN output, as naive attention does, not a silent 0). AVX-512 targets take
-// VSCALEFPS, p * 2^n in one instruction, where the exponent arithmetic and the NaN blend took
-// five; it is the same exact scaling for every x >= -87 (n >= -126 and a normal result), and a
-// NaN x makes p and the result NaN.
+// VSCALEFPS, p * 2^n in one instruction (n = rounded - magic, which SoftmaxExp has already
+// formed), where the exponent-bit arithmetic and the NaN blend take five: 4 instructions in
+// all against 7. It is the same exact scaling for every x >= -87 (n >= -126 and a normal
+// result), and a NaN x makes p and the result NaN.
 template <class D>
 HWY_INLINE hn::Vec<D> TimesPow2(D d, hn::Vec<D> x, hn::Vec<D> p, hn::Vec<D> rounded,
                                 hn::Vec<D> magic) {
