@@ -72,11 +72,16 @@ TEST(SoftmaxExp, AccurateAndInRangeOnEveryTarget) {
 }
 
 TEST(SoftmaxExp, SameBitsOnEveryTargetWithFusedMultiplyAdds) {
+  std::vector<std::int64_t> fma_targets;
+  for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    if (HasFma(target)) fma_targets.push_back(target);
+  }
+  // One such target (a CPU without AVX-512) leaves nothing to compare; say so rather than pass.
+  if (fma_targets.size() < 2) GTEST_SKIP() << "fewer than two targets with fused multiply-adds";
   const std::vector<float> x = Arguments();
   std::vector<float> first;
   const char* first_name = nullptr;
-  for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    if (!HasFma(target)) continue;
+  for (std::int64_t target : fma_targets) {
     const std::vector<float> y = ExpOnTarget(target, x);
     if (first_name == nullptr) {
       first = y;
