@@ -116,6 +116,19 @@ def test_timed_steps_run_without_the_cyclic_collector_and_restore_it():
     assert gc.isenabled()
 
 
+def test_timed_steps_start_with_the_leaves_grad_cleared():
+    # As optimizer.zero_grad() leaves them (set_to_none): no step pays for summing its gradients
+    # into the last step's .grad.
+    seen = []
+
+    def record(x):
+        seen.append(x.grad is None)
+        return x * 2.0
+
+    bench.time_training_steps([record], [torch.randn(3)], reps=3)
+    assert seen == [True, True, True, True]
+
+
 def test_paired_speedup_is_the_median_of_per_rep_ratios():
     # Rep 3 is a slow phase for both: the per-rep ratios are 2, 2, 2 (the ratio of the medians
     # would be 2 as well here); rep 2 is slow for `fast` only, an outlier the median drops.
