@@ -259,6 +259,13 @@ TEST(SparseLayoutValidation, MalformedLayoutsAreInvalidArguments) {
       {"backward lists disagree", [](RandomLayout& l) {
          if (!l.bwd_mask.empty()) l.bwd_mask[0] = l.bwd_mask[0] == -1 ? 0 : -1;
        }},
+      {"backward visit from another query tile", [](RandomLayout& l) {
+         const std::int32_t tiles = static_cast<std::int32_t>(l.q_begin.back());
+         if (!l.bwd_q_tile.empty()) l.bwd_q_tile[0] = (l.bwd_q_tile[0] + 1) % tiles;
+       }},
+      {"backward visit under another key tile", [](RandomLayout& l) {
+         ++l.bwd_begin[1];  // the second key tile's first visit moves to the first
+       }},
   };
   for (const Case& c : cases) {
     RandomLayout bad(2, 40, 70, 1, 16, 5);
@@ -266,6 +273,19 @@ TEST(SparseLayoutValidation, MalformedLayoutsAreInvalidArguments) {
     p.layout = &bad.view;
     EXPECT_EQ(validate(p).code(), StatusCode::kInvalidArgument) << c.what;
   }
+  // Each key tile's backward visits in reverse order: the same lists, still valid.
+  RandomLayout reversed(2, 40, 70, 1, 16, 5);
+  bool reordered = false;
+  for (size_t k = 0; k + 1 < reversed.bwd_begin.size(); ++k) {
+    const auto v0 = static_cast<std::ptrdiff_t>(reversed.bwd_begin[k]);
+    const auto v1 = static_cast<std::ptrdiff_t>(reversed.bwd_begin[k + 1]);
+    std::reverse(reversed.bwd_q_tile.begin() + v0, reversed.bwd_q_tile.begin() + v1);
+    std::reverse(reversed.bwd_mask.begin() + v0, reversed.bwd_mask.begin() + v1);
+    for (auto v = v0; v + 1 < v1; ++v) reordered |= reversed.bwd_q_tile[v] != reversed.bwd_q_tile[v + 1];
+  }
+  ASSERT_TRUE(reordered) << "the layout has no key tile with two query tiles to reorder";
+  p.layout = &reversed.view;
+  EXPECT_TRUE(validate(p).ok()) << validate(p).message();
   // Rows in no tile: the kernels write a row only from the tile that holds it.
   RandomLayout part(2, 40, 70, 1, 16, 5, /*drop=*/0.2);
   p.layout = &part.view;
