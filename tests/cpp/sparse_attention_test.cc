@@ -281,7 +281,9 @@ TEST(SparseLayoutValidation, MalformedLayoutsAreInvalidArguments) {
     const auto v1 = static_cast<std::ptrdiff_t>(reversed.bwd_begin[k + 1]);
     std::reverse(reversed.bwd_q_tile.begin() + v0, reversed.bwd_q_tile.begin() + v1);
     std::reverse(reversed.bwd_mask.begin() + v0, reversed.bwd_mask.begin() + v1);
-    for (auto v = v0; v + 1 < v1; ++v) reordered |= reversed.bwd_q_tile[v] != reversed.bwd_q_tile[v + 1];
+    for (auto v = v0; v + 1 < v1; ++v) {
+      reordered |= reversed.bwd_q_tile[v] != reversed.bwd_q_tile[v + 1];
+    }
   }
   ASSERT_TRUE(reordered) << "the layout has no key tile with two query tiles to reorder";
   p.layout = &reversed.view;
