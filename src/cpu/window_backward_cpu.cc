@@ -269,7 +269,7 @@ struct BlockScratch {
 };
 
 // Blocks per strip in a scattering task: runs of 4 blocks (16 pixel rows at dilation 1) give a
-// 128x128 head 8 runs, 4 per phase, where kBlocksPerTask's 8 gave 2.
+// 128x128 head 8 runs, 4 per phase, where runs of 8 gave 2.
 constexpr std::int64_t kScatterBlocks = 4;
 
 // The blocks of one strip's walk: dQ of their queries, and their terms of dK and dV added to

@@ -10,16 +10,18 @@
 // its own row's max and sum. The tiled sparse kernel instead computes every pair of each visited
 // 8x8-pixel tile pair: 2.5x the allowed pairs of a 15x15 square, 4.9x those of a diamond.
 //
-// K^T and V^T (and the scaled Q^T) of a group of heads are packed once per call, with zero
-// margins on both sides so that every shifted load stays inside the buffer; lanes whose key
-// falls outside the map are masked to -inf (only vectors near the border need the mask).
-//
-// Where the window's columns are evenly spaced and the grid's width a multiple of L (every
-// common image size), QueryBlockTask computes 4 vectors one pixel row apart together, so each
-// key and value load feeds up to 4 multiply-adds (window_ops-inl.h, BlockDots, BlockCombine):
-// 128x128, 4 heads, E = Ev = 16, 15x15 window, 1 thread: 12.0 / 11.8 ms against 14.9 / 15.1 ms
-// for one vector at a time (QueryTask, kept for other widths), medians of 30, two alternating
-// runs.
+// Lanes whose key falls outside the map are masked to -inf (only vectors near the border need
+// the mask). Where the window's columns are evenly spaced and the grid's width a multiple of L
+// (every common image size), StreamBandTask computes 4 vectors one pixel row apart together, so
+// each key and value load feeds up to 4 multiply-adds (window_ops-inl.h, BlockDots,
+// BlockCombine): 128x128, 4 heads, E = Ev = 16, 15x15 window, 1 thread: 12.0 / 11.8 ms against
+// 14.9 / 15.1 ms for one vector at a time (QueryTask, kept for other widths), medians of 30,
+// two alternating runs. Each thread packs the Q^T, K^T and V^T of the bands of query rows it
+// runs just before it runs them, into planes that stay in its L2 (window_stream-inl.h); the
+// other widths pack whole heads first, with zero margins on both sides so that every shifted
+// load stays inside the buffer. Against whole-head packing (alternated 3x, medians of 20, two
+// threads): 256x256, 4 heads, diamond 15 17.8 -> 17.2 ms, square 15 27.5 -> 26.3 ms; 128x128
+// diamond 4.14 -> 4.03 ms; a 1x1 window at 128x128, one thread, 2.0 -> 1.7 ms.
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "src/cpu/window_forward_cpu.cc"
@@ -45,6 +47,7 @@
 #include "cpu/tile_ops-inl.h"
 #include "cpu/window_geometry.h"
 #include "cpu/window_ops-inl.h"
+#include "cpu/window_stream-inl.h"
 #include "hwy/highway.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -67,6 +70,9 @@ struct WindowPlan {
   T* packed;
   size_t scratch_elems;  // per thread
   T* scratch;
+  // Blocked: each thread's planes (window_stream-inl.h), bands of blocks_per_band block rows.
+  KeyStream<T>* streams = nullptr;
+  std::int64_t blocks_per_band = 0;
 
   // Head `slot` of the group: Q^T (scaled), K^T, V^T, each (rows, ld) with column margin + n
   // holding position n.
@@ -177,10 +183,10 @@ void QueryTask(void* ctx, std::int64_t task, int thread) {
   }
 }
 
-// One task: up to kBlocksPerTask blocks of kBlockRows query vectors (window_ops-inl.h,
-// BlockDots), one below the other in a strip.
+// One task: band `task % tasks_per_head` (blocks_per_band block rows, window_stream-inl.h) of
+// (batch, head) pair `task / tasks_per_head`, on the planes of this thread's stream.
 template <typename T, typename IO>
-void QueryBlockTask(void* ctx, std::int64_t task, int thread) {
+void StreamBandTask(void* ctx, std::int64_t task, int thread) {
   const WindowPlan<T>& plan = *static_cast<const WindowPlan<T>*>(ctx);
   const AttentionParams& p = *plan.p;
   const WindowGeometry<T>& g = *plan.g;
@@ -188,8 +194,18 @@ void QueryBlockTask(void* ctx, std::int64_t task, int thread) {
   const size_t L = hn::Lanes(d);
   constexpr size_t R = kBlockRows;
   constexpr T kNegInf = -std::numeric_limits<T>::infinity();
-  const BlockWalk walk(g, task, plan.tasks_per_head, plan.group_first, p.heads);
-  const size_t count = static_cast<size_t>(g.count), ld = plan.ld();
+  const std::int64_t bh = task / plan.tasks_per_head, band = task % plan.tasks_per_head;
+  const std::int64_t a0 = band * plan.blocks_per_band;
+  const std::int64_t row = static_cast<std::int64_t>(R) * g.block_stride;  // a block row
+  const std::int64_t p0 = a0 * row, p1 = p0 + plan.blocks_per_band * row;
+  KeyStream<T>& s = plan.streams[thread];
+  StreamKeys<T, IO>(p, g, bh, StreamLo(g, p0), StreamHi(g, p1), s);
+  const std::int64_t b = bh / p.heads, h = bh % p.heads;
+  // The softmax scale goes into Q^T once, as the tiled kernels pre-scale their query tile.
+  StreamRows(static_cast<const IO*>(p.q) + b * p.q_stride[0] + h * p.q_stride[1], p.q_stride,
+             p.len_q, p0, p1, static_cast<size_t>(p.dim_qk), s.qt, s.ld, s.origin,
+             static_cast<T>(p.scale));
+  const size_t count = static_cast<size_t>(g.count), ld = s.ld;
   const size_t Ev = static_cast<size_t>(p.dim_v);
   ScratchCarver<T> carve(plan.scratch + static_cast<size_t>(thread) * plan.scratch_elems);
   T* S = carve.take(R * count * L);          // (R, count, L) scores, then probabilities
@@ -197,37 +213,114 @@ void QueryBlockTask(void* ctx, std::int64_t task, int thread) {
   T* lanes_i = carve.take(L);                // (L,) a vector's pixel rows
   T* lanes_j = carve.take(L);                // (L,) and columns
   T* inv_l = carve.take(R * L);              // (R, L) 1 / softmax sum, 0 for an empty row
-  IO* out = static_cast<IO*>(p.out) + offset4(p.out_stride, walk.b, walk.h, 0, 0);
-  const T *qt = plan.qt(walk.slot), *kt = plan.kt(walk.slot), *vt = plan.vt(walk.slot);
-  for (std::int64_t a = walk.a_begin, v0; (v0 = walk.first(a)) >= 0; ++a) {
-    const size_t col = static_cast<size_t>(g.margin + v0 * walk.L);
-    // Vectors past the last query read the zero margins; their rows are not stored.
-    BlockDots(d, g, qt + col, kt + col, plan.e_pad, S);
-    for (size_t k = 0; k < R; ++k) {
-      const std::int64_t q0 = walk.position(v0, k);
-      if (q0 >= p.len_q) break;
-      T* Sk = S + k * count * L;
-      const auto vmax = MaskBlockVector(d, g, q0, Sk, lanes_i, lanes_j, true);
-      // A row that sees no key (max -inf) shifts by 0: its exps are exp(-inf) = 0, its sum 0.
-      const auto empty = hn::Eq(vmax, hn::Set(d, kNegInf));
-      const auto sum = ExpInPlace(d, Sk, count, hn::IfThenZeroElse(empty, vmax));
-      hn::Store(hn::IfThenZeroElse(empty, hn::Div(hn::Set(d, T(1)), sum)), d, inv_l + k * L);
-      if (p.lse != nullptr) {
-        StoreLse(d, p, walk.b, walk.h, q0,
-                 std::min<size_t>(L, static_cast<size_t>(p.len_q - q0)), vmax, sum);
+  IO* out = static_cast<IO*>(p.out) + offset4(p.out_stride, b, h, 0, 0);
+  // The next task's inputs, requested a part per block while this band computes: the packing
+  // then reads them from L2, where reading them from memory stalled it (prefetches waiting on
+  // full fill buffers were 6.6% of a 128x128 diamond's forward samples, one thread). The next
+  // task on this thread is task + 1 (run_tasks hands threads runs of consecutive tasks).
+  const std::int64_t strips = g.block_stride / g.lanes;
+  const std::int64_t parts = strips * plan.blocks_per_band;
+  const bool has_next = task + 1 < p.batch * p.heads * plan.tasks_per_head;
+  const std::int64_t next_bh = (task + 1) / plan.tasks_per_head;
+  const std::int64_t next_p0 = (task + 1) % plan.tasks_per_head * plan.blocks_per_band * row;
+  const std::int64_t next_p1 = std::min(p.len_q, next_p0 + plan.blocks_per_band * row);
+  const std::int64_t next_k0 =
+      std::max<std::int64_t>(0, next_bh == bh ? s.hi : StreamLo(g, next_p0));
+  const std::int64_t next_k1 = std::min(p.len_k, StreamHi(g, next_p1));
+  const std::int64_t nb = next_bh / p.heads, nh = next_bh % p.heads;
+  const IO* next_q = static_cast<const IO*>(p.q) + nb * p.q_stride[0] + nh * p.q_stride[1];
+  const IO* next_k = static_cast<const IO*>(p.k) + nb * p.k_stride[0] + nh * p.k_stride[1];
+  const IO* next_v = static_cast<const IO*>(p.v) + nb * p.v_stride[0] + nh * p.v_stride[1];
+  auto prefetch_part = [&](std::int64_t part) {
+    if (!has_next) return;
+    auto piece = [&](std::int64_t n0, std::int64_t n1, std::int64_t i) {
+      return n0 + (n1 - n0) * i / parts;
+    };
+    PrefetchPositions(next_q, p.q_stride, piece(next_p0, next_p1, part),
+                      piece(next_p0, next_p1, part + 1), static_cast<size_t>(p.dim_qk));
+    PrefetchPositions(next_k, p.k_stride, piece(next_k0, next_k1, part),
+                      piece(next_k0, next_k1, part + 1), static_cast<size_t>(p.dim_qk));
+    PrefetchPositions(next_v, p.v_stride, piece(next_k0, next_k1, part),
+                      piece(next_k0, next_k1, part + 1), Ev);
+  };
+  std::int64_t part = 0;
+  for (std::int64_t c = 0; c < strips; ++c) {
+    const BlockWalk walk(g, 0, c, a0, plan.blocks_per_band, bh, p.heads);
+    for (std::int64_t a = walk.a_begin, v0; (v0 = walk.first(a)) >= 0; ++a) {
+      prefetch_part(part++);
+      const size_t col = static_cast<size_t>(v0 * walk.L - s.origin);
+      // Vectors past the last query read zeros; their rows are not stored.
+      BlockDots(d, g, s.qt + col, s.kt + col, plan.e_pad, S);
+      for (size_t k = 0; k < R; ++k) {
+        const std::int64_t q0 = walk.position(v0, k);
+        if (q0 >= p.len_q) break;
+        T* Sk = S + k * count * L;
+        const auto vmax = MaskBlockVector(d, g, q0, Sk, lanes_i, lanes_j, true);
+        // A row that sees no key (max -inf) shifts by 0: its exps are exp(-inf) = 0, its sum 0.
+        const auto empty = hn::Eq(vmax, hn::Set(d, kNegInf));
+        const auto sum = ExpInPlace(d, Sk, count, hn::IfThenZeroElse(empty, vmax));
+        hn::Store(hn::IfThenZeroElse(empty, hn::Div(hn::Set(d, T(1)), sum)), d, inv_l + k * L);
+        if (p.lse != nullptr) {
+          StoreLse(d, p, b, h, q0, std::min<size_t>(L, static_cast<size_t>(p.len_q - q0)), vmax,
+                   sum);
+        }
+      }
+      for (size_t ev0 = 0; ev0 < plan.ev_pad; ev0 += 4) {
+        BlockCombine(d, g, S, s.vt + ev0 * ld + col, acc + ev0 * L, plan.ev_pad * L);
+      }
+      for (size_t k = 0; k < R; ++k) {
+        const std::int64_t q0 = walk.position(v0, k);
+        if (q0 >= p.len_q) break;
+        StoreLanes(d, acc + k * plan.ev_pad * L, Ev,
+                   std::min<size_t>(L, static_cast<size_t>(p.len_q - q0)), inv_l + k * L, out,
+                   q0, p.out_stride[2], p.out_stride[3]);
       }
     }
-    for (size_t ev0 = 0; ev0 < plan.ev_pad; ev0 += 4) {
-      BlockCombine(d, g, S, vt + ev0 * ld + col, acc + ev0 * L, plan.ev_pad * L);
-    }
-    for (size_t k = 0; k < R; ++k) {
-      const std::int64_t q0 = walk.position(v0, k);
-      if (q0 >= p.len_q) break;
-      StoreLanes(d, acc + k * plan.ev_pad * L, Ev,
-                 std::min<size_t>(L, static_cast<size_t>(p.len_q - q0)), inv_l + k * L, out, q0,
-                 p.out_stride[2], p.out_stride[3]);
-    }
   }
+}
+
+// The blocked forward on streamed planes: one task a band of a head, each thread's planes
+// following the bands it runs.
+template <typename T, typename IO>
+Status StreamForward(const AttentionParams& p, const Host& host, const WindowGeometry<T>& g,
+                     WindowPlan<T>& plan) {
+  const size_t L = VectorLanes<T>(), count = static_cast<size_t>(g.count);
+  const int threads = std::max(host.num_threads, 1);
+  plan.blocks_per_band = StreamBlocksPerBand(g);
+  plan.tasks_per_head = (BlocksPerStrip(g) + plan.blocks_per_band - 1) / plan.blocks_per_band;
+  const std::int64_t band = plan.blocks_per_band * static_cast<std::int64_t>(kBlockRows) *
+                            g.block_stride;
+  const size_t ld = KeyStream<T>::RowLength(g, band);
+  const size_t plane_elems = KeyStream<T>::Elems(ld, plan.e_pad, plan.ev_pad);
+  plan.scratch_elems = ScratchCarver<T>::padded(kBlockRows * count * L) +
+                       ScratchCarver<T>::padded(kBlockRows * plan.ev_pad * L) +
+                       ScratchCarver<T>::padded(kBlockRows * L) + 2 * ScratchCarver<T>::padded(L);
+  const size_t elems = (plane_elems + plan.scratch_elems) * static_cast<size_t>(threads);
+  Workspace ws(host);
+  if (!ws.allocate(elems * sizeof(T))) {
+    return Status::OutOfMemory("attention_forward (window): the host could not allocate " +
+                               std::to_string(elems * sizeof(T)) + " bytes of workspace");
+  }
+  T* planes = reinterpret_cast<T*>(ws.data());
+  plan.scratch = planes + plane_elems * static_cast<size_t>(threads);
+  std::vector<KeyStream<T>> streams(static_cast<size_t>(threads));
+  const size_t E = static_cast<size_t>(p.dim_qk);
+  for (size_t t = 0; t < streams.size(); ++t) {
+    streams[t].Carve(planes + t * plane_elems, ld, plan.e_pad);
+    // Q^T's and K^T's padding rows enter every score, V^T's the unstored output rows: zeros,
+    // never written after.
+    std::fill(streams[t].qt + E * ld, streams[t].qt + plan.e_pad * ld, T(0));
+    std::fill(streams[t].kt + E * ld, streams[t].kt + plan.e_pad * ld, T(0));
+    std::fill(streams[t].vt + static_cast<size_t>(p.dim_v) * ld,
+              streams[t].vt + plan.ev_pad * ld, T(0));
+  }
+  plan.streams = streams.data();
+  // The kernels read rows ld apart from the geometry.
+  WindowGeometry<T> gs = g;
+  gs.ld = static_cast<std::int64_t>(ld);
+  plan.g = &gs;
+  run_tasks(host, p.batch * p.heads * plan.tasks_per_head, &plan, StreamBandTask<T, IO>);
+  return Status::Ok();
 }
 
 template <typename T, typename IO>
@@ -235,32 +328,23 @@ Status WindowForward(const AttentionParams& p, const Host& host) {
   if (p.batch == 0 || p.heads == 0 || p.len_q == 0) return Status::Ok();
   const WindowGeometry<T> g(*p.window, static_cast<std::int64_t>(VectorLanes<T>()), kBlockRows,
                             kBlockOffsets);
-  const bool blocked = g.block_rows > 1;
   WindowPlan<T> plan;
   plan.p = &p;
   plan.g = &g;
   const size_t L = VectorLanes<T>();
   plan.e_pad = static_cast<size_t>(round_up(std::max<std::int64_t>(p.dim_qk, 1), 4));
   plan.ev_pad = static_cast<size_t>(round_up(std::max<std::int64_t>(p.dim_v, 1), 4));
-  if (blocked) {
-    plan.tasks_per_head = BlockTasksPerHead(g);
-  } else {
-    const std::int64_t rows = (g.vectors + g.per_row - 1) / g.per_row;
-    plan.tasks_per_head = g.per_row * ((rows + kRowsPerTask - 1) / kRowsPerTask);
-  }
+  const size_t count = static_cast<size_t>(g.count);
+  const int threads = std::max(host.num_threads, 1);
+  const std::int64_t pairs = p.batch * p.heads;
+  if (g.block_rows > 1) return StreamForward<T, IO>(p, host, g, plan);
+  const std::int64_t rows = (g.vectors + g.per_row - 1) / g.per_row;
+  plan.tasks_per_head = g.per_row * ((rows + kRowsPerTask - 1) / kRowsPerTask);
   plan.pack_tasks_per_head = (p.len_q + kPackChunk - 1) / kPackChunk;
   plan.head_elems = (2 * plan.e_pad + plan.ev_pad) * plan.ld();
-  const std::int64_t pairs = p.batch * p.heads;
   const std::int64_t group = HeadsPerGroup(plan.head_elems * sizeof(T), pairs);
-  const size_t count = static_cast<size_t>(g.count);
-  plan.scratch_elems = blocked ? ScratchCarver<T>::padded(kBlockRows * count * L) +
-                                     ScratchCarver<T>::padded(kBlockRows * plan.ev_pad * L) +
-                                     ScratchCarver<T>::padded(kBlockRows * L) +
-                                     2 * ScratchCarver<T>::padded(L)
-                               : ScratchCarver<T>::padded(count * L) +
-                                     ScratchCarver<T>::padded(kRowsPerSweep * L) +
-                                     3 * ScratchCarver<T>::padded(L);
-  const int threads = std::max(host.num_threads, 1);
+  plan.scratch_elems = ScratchCarver<T>::padded(count * L) +
+                       ScratchCarver<T>::padded(kRowsPerSweep * L) + 3 * ScratchCarver<T>::padded(L);
   const size_t elems = plan.head_elems * static_cast<size_t>(group) +
                        plan.scratch_elems * static_cast<size_t>(threads);
   Workspace ws(host);
@@ -273,8 +357,7 @@ Status WindowForward(const AttentionParams& p, const Host& host) {
   for (plan.group_first = 0; plan.group_first < pairs; plan.group_first += group) {
     plan.group_size = std::min(group, pairs - plan.group_first);
     run_tasks(host, plan.group_size * plan.pack_tasks_per_head, &plan, PackTask<T, IO>);
-    run_tasks(host, plan.group_size * plan.tasks_per_head, &plan,
-              blocked ? QueryBlockTask<T, IO> : QueryTask<T, IO>);
+    run_tasks(host, plan.group_size * plan.tasks_per_head, &plan, QueryTask<T, IO>);
   }
   return Status::Ok();
 }

@@ -229,23 +229,12 @@ HWY_INLINE void VectorScatter(D d, const WindowGeometry<T>& g, const std::int64_
 // multiply-add.
 constexpr size_t kBlockRows = 4;
 constexpr size_t kBlockOffsets = 6;
-// Blocks per task, one below the other down a strip: the next block's keys are mostly the rows
-// the last one read.
-constexpr std::int64_t kBlocksPerTask = 8;
-
 // Blocks (of kBlockRows vectors, block_stride positions apart) down each strip of a head.
 template <typename T>
 std::int64_t BlocksPerStrip(const WindowGeometry<T>& g) {
   const std::int64_t R = static_cast<std::int64_t>(kBlockRows);
   const std::int64_t V = g.block_stride / g.lanes;
   return (g.vectors + R * V - 1) / (R * V);
-}
-
-// Tasks per head of a blocked pass: strips of V = block_stride / L vectors side by side, each
-// cut into runs of kBlocksPerTask blocks.
-template <typename T>
-std::int64_t BlockTasksPerHead(const WindowGeometry<T>& g) {
-  return g.block_stride / g.lanes * ((BlocksPerStrip(g) + kBlocksPerTask - 1) / kBlocksPerTask);
 }
 
 // Blocks [a_begin, a_begin + blocks) of strip c of head `slot` of a packed group whose first
@@ -267,13 +256,6 @@ struct BlockWalk {
         c(strip),
         a_begin(first_block),
         blocks(block_count) {}
-  // Task `task` of a blocked pass (BlockTasksPerHead a head): kBlocksPerTask blocks of a strip.
-  template <typename T>
-  BlockWalk(const WindowGeometry<T>& g, std::int64_t task, std::int64_t tasks_per_head,
-            std::int64_t group_first, std::int64_t heads)
-      : BlockWalk(g, task / tasks_per_head, task % tasks_per_head % (g.block_stride / g.lanes),
-                  task % tasks_per_head / (g.block_stride / g.lanes) * kBlocksPerTask,
-                  kBlocksPerTask, group_first, heads) {}
   // First vector of block a, or -1 past the walk's blocks or the head.
   std::int64_t first(std::int64_t a) const {
     const std::int64_t v0 = a * static_cast<std::int64_t>(kBlockRows) * V + c;

@@ -35,6 +35,16 @@ struct Offsets {
         dc.push_back(dj * dilation);
       }
     }
+    set_view(height, width);
+  }
+  // Offsets given one by one.
+  Offsets(std::int64_t height, std::int64_t width, std::vector<std::int32_t> dr_,
+          std::vector<std::int32_t> dc_)
+      : dr(std::move(dr_)), dc(std::move(dc_)) {
+    set_view(height, width);
+  }
+  Offsets(const Offsets&) = delete;
+  void set_view(std::int64_t height, std::int64_t width) {
     view.height = height, view.width = width;
     view.count = static_cast<std::int64_t>(dr.size());
     view.dr = dr.data(), view.dc = dc.data();
@@ -68,11 +78,10 @@ INSTANTIATE_TEST_SUITE_P(Targets, WindowAttention,
                          });
 
 template <typename T>
-void expect_window_matches_dense(std::int64_t B, std::int64_t H, std::int64_t height,
-                                 std::int64_t width, std::int64_t E, std::int64_t Ev, int size,
-                                 Shape shape, int dilation, Layout layout, std::uint64_t seed) {
-  const std::int64_t N = height * width;
-  const Offsets win(height, width, size, shape, dilation);
+void expect_window_matches_dense(std::int64_t B, std::int64_t H, std::int64_t E, std::int64_t Ev,
+                                 const Offsets& win, Layout layout, std::uint64_t seed) {
+  const std::int64_t height = win.view.height, width = win.view.width, N = height * width;
+  const std::string size = std::to_string(win.view.count) + " offsets";
   auto dense = make_problem<double>(B, H, N, N, E, Ev, layout, seed, MaskKind::kBool,
                                     {true, true, false, false});
   dense.mask.bools = win.dense();
@@ -91,9 +100,8 @@ void expect_window_matches_dense(std::int64_t B, std::int64_t H, std::int64_t he
   // gradient element sums up to count terms of order 1.
   const double tol = sizeof(T) == 4 ? 2e-5 : 1e-12;
   const double grad_tol = sizeof(T) == 4 ? 1e-4 : 1e-11;
-  const std::string what = std::to_string(height) + "x" + std::to_string(width) + " size " +
-                           std::to_string(size) + " E " + std::to_string(E) + " Ev " +
-                           std::to_string(Ev);
+  const std::string what = std::to_string(height) + "x" + std::to_string(width) + ", " + size +
+                           ", E " + std::to_string(E) + " Ev " + std::to_string(Ev);
   EXPECT_LE(max_abs_diff(ours.out, oracle.out), tol) << what;
   double lse_err = 0.0;
   for (size_t r = 0; r < ours.lse.size(); ++r) {
@@ -109,6 +117,14 @@ void expect_window_matches_dense(std::int64_t B, std::int64_t H, std::int64_t he
   EXPECT_EQ(max_abs_diff(serial.dk, ours.dk), 0.0) << what;
   EXPECT_EQ(max_abs_diff(serial.dv, ours.dv), 0.0) << what;
   EXPECT_EQ(max_abs_diff(serial.dq, ours.dq), 0.0) << what;
+}
+
+template <typename T>
+void expect_window_matches_dense(std::int64_t B, std::int64_t H, std::int64_t height,
+                                 std::int64_t width, std::int64_t E, std::int64_t Ev, int size,
+                                 Shape shape, int dilation, Layout layout, std::uint64_t seed) {
+  const Offsets win(height, width, size, shape, dilation);
+  expect_window_matches_dense<T>(B, H, E, Ev, win, layout, seed);
 }
 
 TEST_P(WindowAttention, MatchesTheDenseMaskOracle) {
@@ -152,6 +168,17 @@ TEST_P(WindowAttention, WholeVectorRowsMatchTheDenseMaskOracle) {
                                       Layout::kChannelsFirst, 17);
   expect_window_matches_dense<float>(1, 1, 20, 16, 8, 8, 5, Shape::kDiamond, 3,
                                      Layout::kSequenceMajor, 18);
+}
+
+TEST_P(WindowAttention, WindowsOnOneSideOfTheQueryMatchTheDenseMaskOracle) {
+  // Windows without offset 0, all below or all above the query, on whole-vector rows (the
+  // blocked kernels): a band's planes then span its keys on one side and its own queries on
+  // the other. 40 pixel rows give 10 block rows, bands of 2 (window_stream-inl.h), so the
+  // forward walks 5 bands a head and moves its kept keys to the front of its planes.
+  const Offsets below(40, 32, {2, 3, 4, 2, 3, 4}, {1, 1, 1, 5, 5, 5});
+  expect_window_matches_dense<float>(2, 2, 16, 8, below, Layout::kContiguous, 31);
+  const Offsets above(40, 32, {-4, -3, -4, -3}, {-2, -2, 0, 0});
+  expect_window_matches_dense<double>(1, 3, 5, 7, above, Layout::kChannelsFirst, 32);
 }
 
 TEST_P(WindowAttention, RowsThatSeeNoKeyGiveZeroOutputAndGradients) {

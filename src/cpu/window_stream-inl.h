@@ -1,0 +1,185 @@
+// Per-thread packed planes that follow a walk down one head in bands of query rows, for the
+// blocked window kernels (window_forward_cpu.cc). Packing whole heads first wrote Q^T, K^T and
+// V^T of a 128x128 head (3.3 MB at E = Ev = 16) past a 2 MB L2, and the query tasks read them
+// back from L3: 52 MB of traffic for 4 heads where the inputs and the output are 16 MB, about a
+// quarter of a diamond's forward (a 1x1 window's forward, which is nearly all packing and that
+// traffic, took 2.7 ms of the diamond's 7.7 ms, one thread). Here a thread packs the keys a band
+// needs just before it runs the band, into planes a few bands long that stay in its L2: the
+// keys already packed for the last band of the same head are kept (the window's reach, 14 pixel
+// rows of a 15x15 window, is the overlap of two bands), so each key is packed about once.
+// Included once per SIMD target by foreach_target.h (hence the toggle guard below).
+
+#if defined(ATTN2D_SRC_CPU_WINDOW_STREAM_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef ATTN2D_SRC_CPU_WINDOW_STREAM_INL_H_
+#undef ATTN2D_SRC_CPU_WINDOW_STREAM_INL_H_
+#else
+#define ATTN2D_SRC_CPU_WINDOW_STREAM_INL_H_
+#endif
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "attn2d/attention_params.h"
+#include "cpu/tile_ops-inl.h"
+#include "cpu/window_geometry.h"
+#include "cpu/window_ops-inl.h"
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace attn2d {
+namespace cpu {
+namespace HWY_NAMESPACE {
+
+// Positions a band covers, about: 32 pixel rows at width 128, 16 at 256. A band's keys reach
+// off_max - off_min further (1806 positions for a 15x15 window at width 128), and its planes
+// (Q^T of the band, K^T and V^T of its keys: 1.0 MB at width 128, E = Ev = 16) stay in L2.
+constexpr std::int64_t kStreamBandPositions = 4096;
+
+// Bands of whole block rows (R = kBlockRows vectors block_stride apart, over every strip): a
+// run of blocks [a0, a1) covers positions [a0 R V L, a1 R V L), V = block_stride / L. A head
+// of 4 block rows or more has 4 bands at least, so that a small map (32x32: 8 block rows) still
+// gives two threads work and walks its planes as a large one does.
+template <typename T>
+std::int64_t StreamBlocksPerBand(const WindowGeometry<T>& g) {
+  const std::int64_t row = static_cast<std::int64_t>(kBlockRows) * g.block_stride;
+  return std::clamp<std::int64_t>(kStreamBandPositions / row, 1,
+                                  std::max<std::int64_t>(1, BlocksPerStrip(g) / 4));
+}
+
+// The positions a band [p0, p1) of queries reads in its planes: its keys, and itself (Q^T shares
+// the planes' columns, and a window need not hold offset 0: off_min may be above 0).
+template <typename T>
+std::int64_t StreamLo(const WindowGeometry<T>& g, std::int64_t p0) {
+  return p0 + std::min<std::int64_t>(g.off_min, 0);
+}
+template <typename T>
+std::int64_t StreamHi(const WindowGeometry<T>& g, std::int64_t p1) {
+  return p1 + std::max<std::int64_t>(g.off_max, 0);
+}
+
+// One thread's planes: Q^T (scaled), K^T and V^T, each (rows, ld) with position n at local
+// column n - origin. Positions [lo, hi) of head `bh`'s keys are packed; positions outside the
+// map hold zeros, as the whole-head planes' margins do.
+template <typename T>
+struct KeyStream {
+  T* qt = nullptr;  // (e_pad, ld)
+  T* kt = nullptr;  // (e_pad, ld)
+  T* vt = nullptr;  // (ev_pad, ld)
+  size_t ld = 0;
+  std::int64_t bh = -1, origin = 0, lo = 0, hi = 0;
+
+  // Elements of one thread's planes, for bands of `band` positions under geometry g: the band,
+  // its keys' reach and a vector on each side, twice over, so that the kept keys are moved to
+  // the front only every few bands. An odd number of vectors a row, as WindowGeometry::ld.
+  static size_t RowLength(const WindowGeometry<T>& g, std::int64_t band) {
+    const std::int64_t L = g.lanes;
+    std::int64_t ld = 2 * (StreamHi(g, band) - StreamLo(g, 0) + 2 * L);
+    ld = (ld + L - 1) / L * L;
+    if (ld / L % 2 == 0) ld += L;
+    return static_cast<size_t>(ld);
+  }
+  static size_t Elems(size_t ld, size_t e_pad, size_t ev_pad) {
+    return (2 * e_pad + ev_pad) * ld;
+  }
+  void Carve(T* base, size_t ld_, size_t e_pad) {
+    ld = ld_;
+    qt = base;
+    kt = qt + e_pad * ld;
+    vt = kt + e_pad * ld;
+  }
+};
+
+// Positions [n0, n1) of one head's (positions, width) rows from `base` (strides in elements,
+// base at (b, h, 0, 0)) into dst (width rows of ld) at local columns n - origin, times `scale`;
+// positions outside [0, N) as zeros.
+template <typename T, typename IO>
+HWY_INLINE void StreamRows(const IO* base, const std::int64_t* stride, std::int64_t N,
+                           std::int64_t n0, std::int64_t n1, size_t width, T* dst, size_t ld,
+                           std::int64_t origin, T scale = T(1)) {
+  if (n0 >= n1 || width == 0) return;
+  const std::int64_t in0 = std::clamp<std::int64_t>(n0, 0, N);
+  const std::int64_t in1 = std::clamp<std::int64_t>(n1, 0, N);
+  for (size_t r = 0; r < width; ++r) {
+    T* row = dst + r * ld;
+    std::fill(row + (n0 - origin), row + (std::max(n0, in0) - origin), T(0));
+    std::fill(row + (std::max(n0, std::min(n1, in1)) - origin), row + (n1 - origin), T(0));
+  }
+  if (in0 >= in1) return;
+  const size_t n = static_cast<size_t>(in1 - in0);
+  T* chunk = dst + (in0 - origin);
+  PackTransposed(base + in0 * stride[2], Rows{nullptr, 0, n}, stride[2], stride[3], width, chunk,
+                 ld, n);
+  if (scale != T(1)) {
+    for (size_t r = 0; r < width; ++r) {
+      for (size_t c = 0; c < n; ++c) chunk[r * ld + c] *= scale;
+    }
+  }
+}
+
+// Requests positions [n0, n1) of a (positions, width) view into L2 (the next band's inputs,
+// a part at a time while the current band computes). A view whose rows are not contiguous
+// (an NCHW feature map's channels lie a plane apart) is left to the packing's own requests.
+template <typename IO>
+HWY_INLINE void PrefetchPositions(const IO* base, const std::int64_t* stride, std::int64_t n0,
+                                  std::int64_t n1, size_t width) {
+  if (n0 >= n1 || stride[3] != 1) return;
+  const char* first = reinterpret_cast<const char*>(base + n0 * stride[2]);
+  if (stride[2] == static_cast<std::int64_t>(width)) {
+    const char* end = reinterpret_cast<const char*>(base + n1 * stride[2]);
+    for (const char* line = first; line < end; line += 64) __builtin_prefetch(line, 0, 2);
+    return;
+  }
+  const size_t lines = (width * sizeof(IO) + 63) / 64;
+  for (std::int64_t n = n0; n < n1; ++n) {
+    const char* row = reinterpret_cast<const char*>(base + n * stride[2]);
+    for (size_t i = 0; i < lines; ++i) __builtin_prefetch(row + 64 * i, 0, 2);
+  }
+}
+
+// Makes keys [lo, hi) of head bh (batch b, head h) packed in s: keeps those already there from
+// the same head's last band, moving them to the front when the planes would overflow, and packs
+// the rest. lo and hi only grow along a head's walk; anything else starts over.
+template <typename T, typename IO>
+HWY_INLINE void StreamKeys(const AttentionParams& p, const WindowGeometry<T>& g,
+                           std::int64_t bh, std::int64_t lo, std::int64_t hi, KeyStream<T>& s) {
+  const std::int64_t b = bh / p.heads, h = bh % p.heads;
+  const std::int64_t N = p.len_k, L = g.lanes;
+  const size_t E = static_cast<size_t>(p.dim_qk), Ev = static_cast<size_t>(p.dim_v);
+  const IO* k = static_cast<const IO*>(p.k) + b * p.k_stride[0] + h * p.k_stride[1];
+  const IO* v = static_cast<const IO*>(p.v) + b * p.v_stride[0] + h * p.v_stride[1];
+  const std::int64_t aligned_lo = lo >= 0 ? lo / L * L : -((-lo + L - 1) / L) * L;
+  std::int64_t from = lo;  // first position to pack
+  if (s.bh == bh && lo >= s.lo && lo <= s.hi && hi >= s.hi) {
+    from = s.hi;
+    if (hi - s.origin > static_cast<std::int64_t>(s.ld)) {
+      // Move the kept keys [lo, s.hi) to the front (aligned_lo - origin elements earlier).
+      const size_t shift = static_cast<size_t>(aligned_lo - s.origin);
+      const size_t keep = static_cast<size_t>(s.hi - aligned_lo);
+      for (size_t r = 0; r < E; ++r) {
+        T* row = s.kt + r * s.ld;
+        std::memmove(row, row + shift, keep * sizeof(T));
+      }
+      for (size_t r = 0; r < Ev; ++r) {
+        T* row = s.vt + r * s.ld;
+        std::memmove(row, row + shift, keep * sizeof(T));
+      }
+      s.origin = aligned_lo;
+    }
+  } else {
+    s.origin = aligned_lo;
+  }
+  StreamRows(k, p.k_stride, N, from, hi, E, s.kt, s.ld, s.origin);
+  StreamRows(v, p.v_stride, N, from, hi, Ev, s.vt, s.ld, s.origin);
+  s.bh = bh;
+  s.lo = lo;
+  s.hi = hi;
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace cpu
+}  // namespace attn2d
+HWY_AFTER_NAMESPACE();
+
+#endif  // ATTN2D_SRC_CPU_WINDOW_STREAM_INL_H_
