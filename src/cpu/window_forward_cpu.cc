@@ -214,40 +214,10 @@ void StreamBandTask(void* ctx, std::int64_t task, int thread) {
   T* lanes_j = carve.take(L);                // (L,) and columns
   T* inv_l = carve.take(R * L);              // (R, L) 1 / softmax sum, 0 for an empty row
   IO* out = static_cast<IO*>(p.out) + offset4(p.out_stride, b, h, 0, 0);
-  // The next task's inputs, requested a part per block while this band computes: the packing
-  // then reads them from L2, where reading them from memory stalled it (prefetches waiting on
-  // full fill buffers were 6.6% of a 128x128 diamond's forward samples, one thread). The next
-  // task on this thread is task + 1 (run_tasks hands threads runs of consecutive tasks).
   const std::int64_t strips = g.block_stride / g.lanes;
-  const std::int64_t parts = strips * plan.blocks_per_band;
-  const bool has_next = task + 1 < p.batch * p.heads * plan.tasks_per_head;
-  const std::int64_t next_bh = (task + 1) / plan.tasks_per_head;
-  const std::int64_t next_p0 = (task + 1) % plan.tasks_per_head * plan.blocks_per_band * row;
-  const std::int64_t next_p1 = std::min(p.len_q, next_p0 + plan.blocks_per_band * row);
-  const std::int64_t next_k0 =
-      std::max<std::int64_t>(0, next_bh == bh ? s.hi : StreamLo(g, next_p0));
-  const std::int64_t next_k1 = std::min(p.len_k, StreamHi(g, next_p1));
-  const std::int64_t nb = next_bh / p.heads, nh = next_bh % p.heads;
-  const IO* next_q = static_cast<const IO*>(p.q) + nb * p.q_stride[0] + nh * p.q_stride[1];
-  const IO* next_k = static_cast<const IO*>(p.k) + nb * p.k_stride[0] + nh * p.k_stride[1];
-  const IO* next_v = static_cast<const IO*>(p.v) + nb * p.v_stride[0] + nh * p.v_stride[1];
-  auto prefetch_part = [&](std::int64_t part) {
-    if (!has_next) return;
-    auto piece = [&](std::int64_t n0, std::int64_t n1, std::int64_t i) {
-      return n0 + (n1 - n0) * i / parts;
-    };
-    PrefetchPositions(next_q, p.q_stride, piece(next_p0, next_p1, part),
-                      piece(next_p0, next_p1, part + 1), static_cast<size_t>(p.dim_qk));
-    PrefetchPositions(next_k, p.k_stride, piece(next_k0, next_k1, part),
-                      piece(next_k0, next_k1, part + 1), static_cast<size_t>(p.dim_qk));
-    PrefetchPositions(next_v, p.v_stride, piece(next_k0, next_k1, part),
-                      piece(next_k0, next_k1, part + 1), Ev);
-  };
-  std::int64_t part = 0;
   for (std::int64_t c = 0; c < strips; ++c) {
     const BlockWalk walk(g, 0, c, a0, plan.blocks_per_band, bh, p.heads);
     for (std::int64_t a = walk.a_begin, v0; (v0 = walk.first(a)) >= 0; ++a) {
-      prefetch_part(part++);
       const size_t col = static_cast<size_t>(v0 * walk.L - s.origin);
       // Vectors past the last query read zeros; their rows are not stored.
       BlockDots(d, g, s.qt + col, s.kt + col, plan.e_pad, S);

@@ -1,12 +1,12 @@
 // Per-thread packed planes that follow a walk down one head in bands of query rows, for the
-// blocked window kernels (window_forward_cpu.cc). Packing whole heads first wrote Q^T, K^T and
+// blocked window forward (window_forward_cpu.cc). Packing whole heads first wrote Q^T, K^T and
 // V^T of a 128x128 head (3.3 MB at E = Ev = 16) past a 2 MB L2, and the query tasks read them
-// back from L3: 52 MB of traffic for 4 heads where the inputs and the output are 16 MB, about a
-// quarter of a diamond's forward (a 1x1 window's forward, which is nearly all packing and that
-// traffic, took 2.7 ms of the diamond's 7.7 ms, one thread). Here a thread packs the keys a band
-// needs just before it runs the band, into planes a few bands long that stay in its L2: the
-// keys already packed for the last band of the same head are kept (the window's reach, 14 pixel
-// rows of a 15x15 window, is the overlap of two bands), so each key is packed about once.
+// back from L3. Here a thread packs the keys a band needs just before it runs the band, into
+// planes that stay in its L2, and keeps the keys it packed for the previous band when that was
+// the same head's (a 15x15 window's reach, 14 pixel rows, is the overlap of two bands): under
+// PyTorch's parallel_for a thread runs consecutive tasks, so each key is packed about once; any
+// other order only packs more. A 1x1 window's forward at 128x128 (4 heads, one thread), nearly
+// all packing and memory traffic, fell from 2.0 to 1.7 ms.
 // Included once per SIMD target by foreach_target.h (hence the toggle guard below).
 
 #if defined(ATTN2D_SRC_CPU_WINDOW_STREAM_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -33,8 +33,9 @@ namespace cpu {
 namespace HWY_NAMESPACE {
 
 // Positions a band covers, about: 32 pixel rows at width 128, 16 at 256. A band's keys reach
-// off_max - off_min further (1806 positions for a 15x15 window at width 128), and its planes
-// (Q^T of the band, K^T and V^T of its keys: 1.0 MB at width 128, E = Ev = 16) stay in L2.
+// off_max - off_min further (1806 positions for a 15x15 window at width 128), and what it reads
+// of its planes (Q^T of the band, K^T and V^T of its keys: 1.1 MB at width 128, E = Ev = 16)
+// stays in L2.
 constexpr std::int64_t kStreamBandPositions = 4096;
 
 // Bands of whole block rows (R = kBlockRows vectors block_stride apart, over every strip): a
@@ -115,26 +116,6 @@ HWY_INLINE void StreamRows(const IO* base, const std::int64_t* stride, std::int6
     for (size_t r = 0; r < width; ++r) {
       for (size_t c = 0; c < n; ++c) chunk[r * ld + c] *= scale;
     }
-  }
-}
-
-// Requests positions [n0, n1) of a (positions, width) view into L2 (the next band's inputs,
-// a part at a time while the current band computes). A view whose rows are not contiguous
-// (an NCHW feature map's channels lie a plane apart) is left to the packing's own requests.
-template <typename IO>
-HWY_INLINE void PrefetchPositions(const IO* base, const std::int64_t* stride, std::int64_t n0,
-                                  std::int64_t n1, size_t width) {
-  if (n0 >= n1 || stride[3] != 1) return;
-  const char* first = reinterpret_cast<const char*>(base + n0 * stride[2]);
-  if (stride[2] == static_cast<std::int64_t>(width)) {
-    const char* end = reinterpret_cast<const char*>(base + n1 * stride[2]);
-    for (const char* line = first; line < end; line += 64) __builtin_prefetch(line, 0, 2);
-    return;
-  }
-  const size_t lines = (width * sizeof(IO) + 63) / 64;
-  for (std::int64_t n = n0; n < n1; ++n) {
-    const char* row = reinterpret_cast<const char*>(base + n * stride[2]);
-    for (size_t i = 0; i < lines; ++i) __builtin_prefetch(row + 64 * i, 0, 2);
   }
 }
 
