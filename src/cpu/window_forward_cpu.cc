@@ -256,7 +256,8 @@ Status StreamForward(const AttentionParams& p, const Host& host, const WindowGeo
                      WindowPlan<T>& plan) {
   const size_t L = VectorLanes<T>(), count = static_cast<size_t>(g.count);
   const int threads = std::max(host.num_threads, 1);
-  plan.blocks_per_band = StreamBlocksPerBand(g);
+  plan.blocks_per_band = StreamBlocksPerBand(
+      g, static_cast<std::int64_t>((2 * plan.e_pad + plan.ev_pad) * sizeof(T)));
   plan.tasks_per_head = (BlocksPerStrip(g) + plan.blocks_per_band - 1) / plan.blocks_per_band;
   const std::int64_t band = plan.blocks_per_band * static_cast<std::int64_t>(kBlockRows) *
                             g.block_stride;

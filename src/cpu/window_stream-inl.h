@@ -32,21 +32,26 @@ namespace attn2d {
 namespace cpu {
 namespace HWY_NAMESPACE {
 
-// Positions a band covers, about: 32 pixel rows at width 128, 16 at 256. A band's keys reach
-// off_max - off_min further (1806 positions for a 15x15 window at width 128), and what it reads
-// of its planes (Q^T of the band, K^T and V^T of its keys: 1.1 MB at width 128, E = Ev = 16)
-// stays in L2.
-constexpr std::int64_t kStreamBandPositions = 4096;
+// Bytes of a band's planes that should stay in L2 (what the band reads: Q^T of its queries, K^T
+// and V^T of their keys). Bands of whole block rows (R = kBlockRows vectors block_stride apart,
+// over every strip; blocks [a0, a1) cover positions [a0 R V L, a1 R V L), V = block_stride / L)
+// as many as fit, one at least: at E = Ev = 16 (192 bytes a position) and a 15x15 window, 16
+// pixel rows at width 128 (2048 queries, 1806 more keys) and 4 at width 256. Against bands of
+// 4096 queries (alternated, medians of 20-30): 128x128 diamond 15, 4 heads, one thread 7.3-7.6
+// -> 6.6-7.0 ms, two threads 3.8-4.2 -> 3.4-3.5 ms; 256x256, two threads, 16.2-16.9 -> 14.9 ms.
+// At 128x128, one thread, bands of 1024 and 2048 queries (0.74 MB read a band) ran 6.5 ms, of
+// 3072 (0.94 MB) 7.3 ms, as 4096 (1.1 MB) did.
+constexpr std::int64_t kStreamBandBytes = std::int64_t{768} << 10;
 
-// Bands of whole block rows (R = kBlockRows vectors block_stride apart, over every strip): a
-// run of blocks [a0, a1) covers positions [a0 R V L, a1 R V L), V = block_stride / L. A head
-// of 4 block rows or more has 4 bands at least, so that a small map (32x32: 8 block rows) still
-// gives two threads work and walks its planes as a large one does.
 template <typename T>
-std::int64_t StreamBlocksPerBand(const WindowGeometry<T>& g) {
+std::int64_t StreamBlocksPerBand(const WindowGeometry<T>& g, std::int64_t bytes_per_position) {
   const std::int64_t row = static_cast<std::int64_t>(kBlockRows) * g.block_stride;
-  return std::clamp<std::int64_t>(kStreamBandPositions / row, 1,
-                                  std::max<std::int64_t>(1, BlocksPerStrip(g) / 4));
+  const std::int64_t reach =
+      std::max<std::int64_t>(g.off_max, 0) - std::min<std::int64_t>(g.off_min, 0);
+  const std::int64_t fit = (kStreamBandBytes / bytes_per_position - reach) / row;
+  // A head of 4 block rows or more has 4 bands at least, so that a small map (32x32: 8 block
+  // rows) still gives two threads work and walks its planes as a large one does.
+  return std::clamp<std::int64_t>(fit, 1, std::max<std::int64_t>(1, BlocksPerStrip(g) / 4));
 }
 
 // The positions a band [p0, p1) of queries reads in its planes: its keys, and itself (Q^T shares
