@@ -262,7 +262,9 @@ Status StreamForward(const AttentionParams& p, const Host& host, const WindowGeo
   const std::int64_t band = plan.blocks_per_band * static_cast<std::int64_t>(kBlockRows) *
                             g.block_stride;
   const size_t ld = KeyStream<T>::RowLength(g, band);
-  const size_t plane_elems = KeyStream<T>::Elems(ld, plan.e_pad, plan.ev_pad);
+  // Whole cache lines a thread, so that every thread's planes and scratch start aligned.
+  const size_t plane_elems =
+      ScratchCarver<T>::padded(KeyStream<T>::Elems(ld, plan.e_pad, plan.ev_pad));
   plan.scratch_elems = ScratchCarver<T>::padded(kBlockRows * count * L) +
                        ScratchCarver<T>::padded(kBlockRows * plan.ev_pad * L) +
                        ScratchCarver<T>::padded(kBlockRows * L) + 2 * ScratchCarver<T>::padded(L);

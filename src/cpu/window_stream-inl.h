@@ -105,12 +105,12 @@ HWY_INLINE void StreamRows(const IO* base, const std::int64_t* stride, std::int6
                            std::int64_t n0, std::int64_t n1, size_t width, T* dst, size_t ld,
                            std::int64_t origin, T scale = T(1)) {
   if (n0 >= n1 || width == 0) return;
-  const std::int64_t in0 = std::clamp<std::int64_t>(n0, 0, N);
-  const std::int64_t in1 = std::clamp<std::int64_t>(n1, 0, N);
+  const std::int64_t in0 = std::max<std::int64_t>(n0, 0), in1 = std::min(n1, N);  // in the map
+  const std::int64_t before = std::min(n1, in0), after = std::max(n0, in1);
   for (size_t r = 0; r < width; ++r) {
     T* row = dst + r * ld;
-    std::fill(row + (n0 - origin), row + (std::max(n0, in0) - origin), T(0));
-    std::fill(row + (std::max(n0, std::min(n1, in1)) - origin), row + (n1 - origin), T(0));
+    std::fill(row + (n0 - origin), row + (before - origin), T(0));
+    std::fill(row + (after - origin), row + (n1 - origin), T(0));
   }
   if (in0 >= in1) return;
   const size_t n = static_cast<size_t>(in1 - in0);
