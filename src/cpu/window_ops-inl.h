@@ -633,6 +633,35 @@ HWY_INLINE void FillWindowRows(const WindowGeometry<T>& g, std::int64_t n0, std:
   FillMargins(g, n0, count, rows, value, dst);
 }
 
+// Packs positions [n0, n1) of one head's (positions, width) rows from `base` (strides in
+// elements, base at (b, h, 0, 0)) into dst (width rows of ld) transposed, at columns n - origin,
+// times `scale`; positions outside [0, N) as zeros. Whole-head planes put position n at column
+// margin + n (origin -margin, PackWindowRows); the forward's streamed planes at n - origin for
+// the origin of the band they follow (window_stream-inl.h).
+template <typename T, typename IO>
+HWY_INLINE void StreamRows(const IO* base, const std::int64_t* stride, std::int64_t N,
+                           std::int64_t n0, std::int64_t n1, size_t width, T* dst, size_t ld,
+                           std::int64_t origin, T scale = T(1)) {
+  if (n0 >= n1 || width == 0) return;
+  const std::int64_t in0 = std::max<std::int64_t>(n0, 0), in1 = std::min(n1, N);  // in the map
+  const std::int64_t before = std::min(n1, in0), after = std::max(n0, in1);
+  for (size_t r = 0; r < width; ++r) {
+    T* row = dst + r * ld;
+    std::fill(row + (n0 - origin), row + (before - origin), T(0));
+    std::fill(row + (after - origin), row + (n1 - origin), T(0));
+  }
+  if (in0 >= in1) return;
+  const size_t n = static_cast<size_t>(in1 - in0);
+  T* chunk = dst + (in0 - origin);
+  PackTransposed(base + in0 * stride[2], Rows{nullptr, 0, n}, stride[2], stride[3], width, chunk,
+                 ld, n);
+  if (scale != T(1)) {
+    for (size_t r = 0; r < width; ++r) {
+      for (size_t c = 0; c < n; ++c) chunk[r * ld + c] *= scale;
+    }
+  }
+}
+
 // Packs positions [n0, n0 + count) of one head's (N, width) rows from `base` (strides in
 // elements, base at (b, h, 0, 0)) into dst (rows_pad, ld) transposed and times `scale`, at
 // columns margin + n; zeroes the padding rows and the margins.
@@ -640,18 +669,9 @@ template <typename T, typename IO>
 HWY_INLINE void PackWindowRows(const WindowGeometry<T>& g, const IO* base,
                                const std::int64_t* stride, std::int64_t n0, std::int64_t count,
                                size_t width, size_t rows_pad, T* dst, T scale = T(1)) {
-  const size_t ld = static_cast<size_t>(g.ld), n = static_cast<size_t>(count);
-  T* chunk = dst + static_cast<size_t>(g.margin + n0);
-  if (width > 0) {
-    PackTransposed(base + n0 * stride[2], Rows{nullptr, 0, n}, stride[2], stride[3], width,
-                   chunk, ld, n);
-  }
-  if (scale != T(1)) {
-    for (size_t r = 0; r < width; ++r) {
-      for (size_t c = 0; c < n; ++c) chunk[r * ld + c] *= scale;
-    }
-  }
-  FillWindowRows(g, n0, count, rows_pad - width, T(0), dst + width * ld);
+  StreamRows(base, stride, g.height * g.width, n0, n0 + count, width, dst,
+             static_cast<size_t>(g.ld), -g.margin, scale);
+  FillWindowRows(g, n0, count, rows_pad - width, T(0), dst + width * static_cast<size_t>(g.ld));
   FillMargins(g, n0, count, width, T(0), dst);
 }
 

@@ -22,7 +22,6 @@
 #include <cstring>
 
 #include "attn2d/attention_params.h"
-#include "cpu/tile_ops-inl.h"
 #include "cpu/window_geometry.h"
 #include "cpu/window_ops-inl.h"
 #include "hwy/highway.h"
@@ -96,33 +95,6 @@ struct KeyStream {
     vt = kt + e_pad * ld;
   }
 };
-
-// Positions [n0, n1) of one head's (positions, width) rows from `base` (strides in elements,
-// base at (b, h, 0, 0)) into dst (width rows of ld) at local columns n - origin, times `scale`;
-// positions outside [0, N) as zeros.
-template <typename T, typename IO>
-HWY_INLINE void StreamRows(const IO* base, const std::int64_t* stride, std::int64_t N,
-                           std::int64_t n0, std::int64_t n1, size_t width, T* dst, size_t ld,
-                           std::int64_t origin, T scale = T(1)) {
-  if (n0 >= n1 || width == 0) return;
-  const std::int64_t in0 = std::max<std::int64_t>(n0, 0), in1 = std::min(n1, N);  // in the map
-  const std::int64_t before = std::min(n1, in0), after = std::max(n0, in1);
-  for (size_t r = 0; r < width; ++r) {
-    T* row = dst + r * ld;
-    std::fill(row + (n0 - origin), row + (before - origin), T(0));
-    std::fill(row + (after - origin), row + (n1 - origin), T(0));
-  }
-  if (in0 >= in1) return;
-  const size_t n = static_cast<size_t>(in1 - in0);
-  T* chunk = dst + (in0 - origin);
-  PackTransposed(base + in0 * stride[2], Rows{nullptr, 0, n}, stride[2], stride[3], width, chunk,
-                 ld, n);
-  if (scale != T(1)) {
-    for (size_t r = 0; r < width; ++r) {
-      for (size_t c = 0; c < n; ++c) chunk[r * ld + c] *= scale;
-    }
-  }
-}
 
 // Makes keys [lo, hi) of head bh (batch b, head h) packed in s: keeps those already there from
 // the same head's last band, moving them to the front when the planes would overflow, and packs
