@@ -88,6 +88,14 @@ def time_training_steps(fns: list[Callable[..., torch.Tensor]], inputs: list[tor
         out = fn(*ls)
         grads.append(torch.randn(out.shape, dtype=out.dtype))
         out.backward(grads[-1])  # warm-up (and the refusal, if any)
+    # Each backward reads its output gradient from a buffer written just before it (untimed), as
+    # a network's backward finds it, just written by the layer above. Read from where it was
+    # last written a whole interleaved round earlier, it cost the short steps: the 128x128 YLG
+    # backward (two threads, the 4th-6th pattern steps after a global one) took 9.7-10.2 ms here
+    # loop against 8.2-8.8 ms in the same process with a gradient written just before, and
+    # 9.0-9.8 ms there with a gradient per step last written a round earlier; the global
+    # step's 300 ms does not notice. Every function of the round gets the same treatment.
+    fresh = [torch.empty_like(g) for g in grads]
     fwd: list[list[float]] = [[] for _ in fns]
     bwd: list[list[float]] = [[] for _ in fns]
     # Python's cyclic collector off while timing, as timeit does: a full collection walks every
@@ -113,10 +121,12 @@ def time_training_steps(fns: list[Callable[..., torch.Tensor]], inputs: list[tor
                 t0 = time.perf_counter()
                 out = fn(*leaves[i])
                 t1 = time.perf_counter()
-                out.backward(grads[i])
+                fresh[i].copy_(grads[i])  # untimed: the layer above writing the gradient
                 t2 = time.perf_counter()
+                out.backward(fresh[i])
+                t3 = time.perf_counter()
                 fwd[i].append(t1 - t0)
-                bwd[i].append(t2 - t1)
+                bwd[i].append(t3 - t2)
     finally:
         if gc_was_enabled:
             gc.enable()

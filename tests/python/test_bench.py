@@ -129,6 +129,26 @@ def test_timed_steps_start_with_the_leaves_grad_cleared():
     assert seen == [True, True, True, True]
 
 
+def test_every_backward_gets_the_same_output_gradient():
+    # The timed backwards read a copy of the warm-up's gradient written just before them (as the
+    # layer above would have just written it): the same values every step.
+    seen = []
+
+    class Probe(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2.0
+
+        @staticmethod
+        def backward(ctx, g):
+            seen.append(g.clone())
+            return g * 2.0
+
+    bench.time_training_steps([Probe.apply], [torch.randn(3, 4)], reps=3)
+    assert len(seen) == 4
+    assert all(torch.equal(g, seen[0]) for g in seen[1:])
+
+
 def test_paired_speedup_is_the_median_of_per_rep_ratios():
     # Rep 3 is a slow phase for both: the per-rep ratios are 2, 2, 2 (the ratio of the medians
     # would be 2 as well here); rep 2 is slow for `fast` only, an outlier the median drops.
