@@ -91,8 +91,8 @@ def time_training_steps(fns: list[Callable[..., torch.Tensor]], inputs: list[tor
     # Each backward reads its output gradient from a buffer written just before it (untimed), as
     # a network's backward finds it, just written by the layer above. Read from where it was
     # last written a whole interleaved round earlier, it cost the short steps: the 128x128 YLG
-    # backward (two threads, the 4th-6th pattern steps after a global one) took 9.7-10.2 ms here
-    # loop against 8.2-8.8 ms in the same process with a gradient written just before, and
+    # backward (two threads, the 4th-6th pattern steps after a global one) took 9.7-10.2 ms in
+    # this loop against 8.2-8.8 ms in the same process with a gradient written just before, and
     # 9.0-9.8 ms there with a gradient per step last written a round earlier; the global
     # step's 300 ms does not notice. Every function of the round gets the same treatment.
     fresh = [torch.empty_like(g) for g in grads]
