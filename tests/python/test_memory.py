@@ -33,7 +33,6 @@ def test_256x256_map_forward_and_backward_under_1_gib():
     )
 
 
-
 def test_the_probe_hands_free_heap_memory_back_before_its_baseline():
     """Memory freed in the middle of malloc's heap stays resident, and a later request can reuse
     it without the resident set growing: the probe's peak of a diamond window's forward at
