@@ -116,9 +116,17 @@ def time_training_steps(fns: list[Callable[..., torch.Tensor]], inputs: list[tor
                 # where summing them into the last step's .grad cost every implementation a pass
                 # over 3 inputs' worth of memory that a network, whose q, k, v come out of earlier
                 # layers, never pays (128x128 diamond 15, 2 threads: 1.0 ms of an 11.3 ms
-                # backward; nothing measurable in a global step's 600 ms).
-                for t in leaves[i]:
-                    t.grad = None
+                # backward; nothing measurable in a global step's 600 ms). Every function's
+                # leaves, not only this one's: a network's gradients of q, k and v live until the
+                # layer below has used them, not through the steps of other layers. Kept alive,
+                # the other functions' last gradients (8 sets of 12 MB in the 128x128 YLG bench
+                # round) put each step's new buffers in memory last touched rounds earlier:
+                # YLG's steps (two threads, medians of 8 in rotation, 3 alternated runs) took
+                # 4.25-4.33 / 9.25-9.64 ms forward / backward, against 3.92-4.04 / 7.91-8.97 ms
+                # with them cleared.
+                for ls in leaves:
+                    for t in ls:
+                        t.grad = None
                 t0 = time.perf_counter()
                 out = fn(*leaves[i])
                 t1 = time.perf_counter()

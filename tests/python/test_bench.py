@@ -129,6 +129,25 @@ def test_timed_steps_start_with_the_leaves_grad_cleared():
     assert seen == [True, True, True, True]
 
 
+def test_timed_steps_start_with_every_functions_gradients_freed():
+    # A network's gradients of q, k and v do not outlive the backward that uses them: when a
+    # function's step starts, no other function's last gradients are still held.
+    leaves = []
+    seen = []
+
+    def record(x):
+        if all(x is not t for t in leaves):
+            leaves.append(x)
+        seen.append(all(t.grad is None for t in leaves))
+        return x * 2.0
+
+    x = torch.randn(3)
+    bench.time_training_steps([record, record], [], reps=2, per_fn_inputs=[[x], [x.clone()]])
+    assert len(leaves) == 2
+    assert seen[:2] == [True, False]  # the warm-up keeps the first function's gradient
+    assert seen[2:] == [True] * 4
+
+
 def test_every_backward_gets_the_same_output_gradient():
     # The timed backwards read a copy of the warm-up's gradient written just before them (as the
     # layer above would have just written it): the same values every step.
