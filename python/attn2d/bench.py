@@ -121,9 +121,9 @@ def time_training_steps(fns: list[Callable[..., torch.Tensor]], inputs: list[tor
                 # layer below has used them, not through the steps of other layers. Kept alive,
                 # the other functions' last gradients (8 sets of 12 MB in the 128x128 YLG bench
                 # round) put each step's new buffers in memory last touched rounds earlier:
-                # YLG's steps (two threads, medians of 8 in rotation, 3 alternated runs) took
-                # 4.25-4.33 / 9.25-9.64 ms forward / backward, against 3.92-4.04 / 7.91-8.97 ms
-                # with them cleared.
+                # YLG's steps (two threads, 8 functions in rotation, medians of 6 rounds, 3-6
+                # runs) took 4.20-4.33 / 9.25-9.64 ms forward / backward, against 3.92-4.04 /
+                # 7.91-8.97 ms with them cleared.
                 for ls in leaves:
                     for t in ls:
                         t.grad = None
