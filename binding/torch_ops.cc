@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "attn2d/attention.h"
+#include "attn2d/bf16_products.h"
 #include "attn2d/fma_peak.h"
 
 namespace attn2d {
@@ -366,6 +367,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention2d_backward(
 
 std::string cpu_simd_target() { return attn2d::cpu_simd_target(); }
 
+void set_bf16_products(const std::string& choice) {
+  if (choice == "auto") {
+    attn2d::set_bf16_products(attn2d::Bf16Products::kAuto);
+  } else if (choice == "pairs") {
+    attn2d::set_bf16_products(attn2d::Bf16Products::kPairs);
+  } else if (choice == "float") {
+    attn2d::set_bf16_products(attn2d::Bf16Products::kFloat);
+  } else {
+    TORCH_CHECK_VALUE(false, "attn2d.set_bf16_products: choice must be 'auto', 'pairs' or "
+                      "'float'; got '", choice, "'");
+  }
+}
+
+std::string bf16_products() { return attn2d::bf16_pairs_in_use() ? "pairs" : "float"; }
+
 double fma_peak_gflops(double seconds) {
   TORCH_CHECK_VALUE(seconds > 0 && seconds <= 60, "attn2d.fma_peak_gflops: seconds must be in "
                     "(0, 60]; got ", seconds);
@@ -415,6 +431,8 @@ TORCH_LIBRARY(attn2d, m) {
       "Tensor lse, Tensor offsets, int height, int width, float scale) -> (Tensor grad_q, "
       "Tensor grad_k, Tensor grad_v)");
   m.def("cpu_simd_target() -> str", &attn2d::binding::cpu_simd_target);
+  m.def("set_bf16_products(str choice) -> ()", &attn2d::binding::set_bf16_products);
+  m.def("bf16_products() -> str", &attn2d::binding::bf16_products);
   m.def("fma_peak_gflops(float seconds=0.2) -> float", &attn2d::binding::fma_peak_gflops);
   m.def("host_threads_used(int tasks) -> int", &attn2d::binding::host_threads_used);
 }

@@ -13,4 +13,26 @@ def cpu_simd_target() -> str:
     return torch.ops.attn2d.cpu_simd_target()
 
 
-__all__ = ["attention", "attention2d", "cpu_simd_target", "nn", "patterns", "__version__"]
+BF16_PRODUCTS = ("auto", "pairs", "float")
+
+
+def set_bf16_products(choice: str) -> None:
+    """How the kernels multiply bfloat16 inputs, for the whole process: "pairs" (VDPBF16PS on
+    bf16 pairs, where the CPU has AVX512-BF16; P and dS rounded to bf16 as naive bf16 attention
+    rounds them), "float" (inputs widened to float32 FMAs) or "auto" (the default: pairs where
+    this CPU's VDPBF16PS measured at least 1.5x the multiply-adds a second of its FMAs, e.g. AMD
+    Zen 5; float where not, e.g. an Intel Xeon whose VDPBF16PS ran at half its FMAs' rate)."""
+    if not isinstance(choice, str):
+        raise TypeError(f"attn2d.set_bf16_products: choice must be a str; got {type(choice).__name__}")
+    if choice not in BF16_PRODUCTS:
+        raise ValueError(f"attn2d.set_bf16_products: choice must be one of {BF16_PRODUCTS}; got {choice!r}")
+    torch.ops.attn2d.set_bf16_products(choice)
+
+
+def bf16_products() -> str:
+    """The products bfloat16 inputs run on now: "pairs" or "float"."""
+    return torch.ops.attn2d.bf16_products()
+
+
+__all__ = ["attention", "attention2d", "bf16_products", "cpu_simd_target", "nn", "patterns",
+           "set_bf16_products", "__version__"]

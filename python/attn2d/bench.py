@@ -361,7 +361,8 @@ def run(out_dir: str = "attn2d-report", *, cases: Optional[list[Case]] = None, r
     peak = max(probes)
     report = {
         "machine": f"{platform.processor() or platform.machine()}, attn2d on "
-                   f"{attn2d.cpu_simd_target()}, torch {torch.__version__}",
+                   f"{attn2d.cpu_simd_target()} (bf16 on {attn2d.bf16_products()} products), "
+                   f"torch {torch.__version__}",
         "threads": torch.get_num_threads(),
         "fma_peak_gflops": peak,
         "reps": reps,

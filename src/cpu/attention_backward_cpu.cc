@@ -920,7 +920,7 @@ Status Backward(const AttentionBackwardParams& bp, const Host& host) {
     plan.k_tiles = (p.len_k + plan.tiles.block_k - 1) / plan.tiles.block_k;
   }
 #if defined(ATTN2D_NATIVE_BF16)
-  plan.native_bf16 = std::is_same<IO, BFloat16>::value && cpu_has_avx512_bf16();
+  plan.native_bf16 = std::is_same<IO, BFloat16>::value && use_bf16_pairs();
 #endif
   plan.scratch_elems = plan.carve(nullptr).elems;
   const int threads = std::max(host.num_threads, 1);

@@ -470,7 +470,7 @@ Status Forward(const AttentionParams& p, const Host& host) {
     }
   }
 #if defined(ATTN2D_NATIVE_BF16)
-  plan.native_bf16 = std::is_same<IO, BFloat16>::value && cpu_has_avx512_bf16();
+  plan.native_bf16 = std::is_same<IO, BFloat16>::value && use_bf16_pairs();
 #endif
   plan.scratch_elems = plan.carve(nullptr).elems;
   Workspace ws(host);

@@ -4,6 +4,12 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+
+#include "attn2d/bf16_products.h"
+
 namespace attn2d {
 namespace cpu {
 
@@ -16,6 +22,54 @@ bool cpu_has_avx512_bf16() {
 }
 
 namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// 12 independent chains (enough to cover 2 a cycle at 5-6 cycles' latency) of `iterations`
+// steps; returns the seconds they took. The operands come from run-time values, so that the
+// compiler can neither fold the chains together nor drop them (see fma_peak.cc), and the loop
+// over the chains is unrolled so that they stay in registers: kept in the array, each step
+// went through memory and the FMA chains measured 21-48 G multiply-adds a second against 124
+// (session 20, Intel Xeon; there VDPBF16PS reached 62, half the FMAs' rate).
+double DpbfChainsSeconds(std::int64_t iterations, float seed) {
+  __m512 c[12];
+  for (int i = 0; i < 12; ++i) c[i] = _mm512_set1_ps(seed + 0.125f * static_cast<float>(i));
+  const __m512bh a = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x3f803f80 ^ (seed > 2.0f)));
+  const __m512bh b = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x33803380));
+  const auto t0 = Clock::now();
+  for (std::int64_t it = 0; it < iterations; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) c[i] = _mm512_dpbf16_ps(c[i], a, b);
+  }
+  const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+  alignas(64) float lanes[16];
+  volatile float sink = 0;
+  for (int i = 0; i < 12; ++i) {
+    _mm512_store_ps(lanes, c[i]);
+    sink = sink + lanes[0];
+  }
+  return dt;
+}
+
+double FmaChainsSeconds(std::int64_t iterations, float seed) {
+  __m512 c[12];
+  for (int i = 0; i < 12; ++i) c[i] = _mm512_set1_ps(seed + 0.125f * static_cast<float>(i));
+  const __m512 a = _mm512_set1_ps(0.999999f * (seed > 2.0f ? 0.5f : 1.0f));
+  const __m512 b = _mm512_set1_ps(1e-7f);
+  const auto t0 = Clock::now();
+  for (std::int64_t it = 0; it < iterations; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) c[i] = _mm512_fmadd_ps(c[i], a, b);
+  }
+  const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+  alignas(64) float lanes[16];
+  volatile float sink = 0;
+  for (int i = 0; i < 12; ++i) {
+    _mm512_store_ps(lanes, c[i]);
+    sink = sink + lanes[0];
+  }
+  return dt;
+}
 
 // kRows x kCols vectors of 16 sums: kRows * kCols accumulators; 12 x 2 uses 24 of 32 registers.
 template <int kRows, int kCols>
@@ -84,6 +138,36 @@ void gemm_bf16_pairs_strided(bool accumulate, std::size_t M, std::size_t N, std:
     Panel<2>(accumulate, M, P, A, a_rs, a_ps, B + n, ldb, alpha, C + n, ldc);
   }
   for (; n < N; n += 16) Panel<1>(accumulate, M, P, A, a_rs, a_ps, B + n, ldb, alpha, C + n, ldc);
+}
+
+bool bf16_pairs_outpace_fma() {
+  static const bool faster = [] {
+    if (!cpu_has_avx512_bf16()) return false;
+    volatile float seed = 1.0f;
+    // 4096 steps of 12 chains: ~50k instructions, ~25 us at 2 a cycle; the best of 8 runs each,
+    // alternated, against a context switch or a slow first run.
+    constexpr std::int64_t kSteps = 4096;
+    double dpbf = 1e9, fma = 1e9;
+    for (int r = 0; r < 8; ++r) {
+      dpbf = std::min(dpbf, DpbfChainsSeconds(kSteps, seed));
+      fma = std::min(fma, FmaChainsSeconds(kSteps, seed));
+    }
+    // VDPBF16PS does 32 multiply-adds an instruction, a zmm FMA 16.
+    return 32.0 / dpbf >= 1.5 * (16.0 / fma);
+  }();
+  return faster;
+}
+
+bool use_bf16_pairs() {
+  switch (bf16_products()) {
+    case Bf16Products::kPairs:
+      return cpu_has_avx512_bf16();
+    case Bf16Products::kFloat:
+      return false;
+    case Bf16Products::kAuto:
+      break;
+  }
+  return bf16_pairs_outpace_fma();
 }
 
 void gemm_bf16_pairs(bool accumulate, std::size_t M, std::size_t N, std::size_t P,

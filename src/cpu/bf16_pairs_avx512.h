@@ -17,6 +17,13 @@ namespace cpu {
 // were built.
 bool cpu_has_avx512_bf16();
 
+// Whether the VDPBF16PS chains of this CPU do at least 1.5x the multiply-adds a second of zmm
+// FMA chains (measured once per process, ~1 ms; false without AVX512-BF16).
+bool bf16_pairs_outpace_fma();
+
+// Whether the kernels multiply bf16 inputs as pairs now: per attn2d::bf16_products().
+bool use_bf16_pairs();
+
 // C (M x N floats, row stride ldc) = [C +] alpha * A * B over P pairs: A (M x P words, row
 // stride a_rs), B (P x N words, row stride ldb). N is a multiple of 16. alpha is applied to the
 // float32 sums as they are stored (the softmax scale of S = Q K^T, without a pass of its own);

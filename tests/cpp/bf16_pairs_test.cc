@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "attn2d/bf16_products.h"
 #include "cpu/bf16_pairs_avx512.h"
 #include "cpu/half.h"
 
@@ -34,6 +35,19 @@ double PairDot(const std::uint32_t* a, std::size_t a_step, const std::uint32_t* 
     *magnitude += std::abs(double(Lo(x)) * Lo(y)) + std::abs(double(Hi(x)) * Hi(y));
   }
   return sum;
+}
+
+TEST(Bf16Pairs, ProductChoiceFollowsTheSettingAndTheMeasurement) {
+  EXPECT_EQ(bf16_products(), Bf16Products::kAuto);  // the default
+  EXPECT_EQ(use_bf16_pairs(), bf16_pairs_outpace_fma());
+  if (!cpu_has_avx512_bf16()) EXPECT_FALSE(bf16_pairs_outpace_fma());
+  EXPECT_EQ(bf16_pairs_outpace_fma(), bf16_pairs_outpace_fma());  // measured once
+  set_bf16_products(Bf16Products::kPairs);
+  EXPECT_EQ(use_bf16_pairs(), cpu_has_avx512_bf16());
+  set_bf16_products(Bf16Products::kFloat);
+  EXPECT_FALSE(use_bf16_pairs());
+  set_bf16_products(Bf16Products::kAuto);
+  EXPECT_EQ(use_bf16_pairs(), bf16_pairs_outpace_fma());
 }
 
 TEST(Bf16Pairs, GemmMatchesScalarProducts) {

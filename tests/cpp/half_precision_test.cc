@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "attention_test_util.h"
+#include "attn2d/bf16_products.h"
 #include "cpu/half.h"
 #include "hwy/targets.h"
 
@@ -26,8 +27,22 @@ using cpu::Float16;
 class HalfPrecision : public ::testing::TestWithParam<std::int64_t> {
  protected:
   void SetUp() override { hwy::SetSupportedTargetsForTest(GetParam()); }
-  void TearDown() override { hwy::SetSupportedTargetsForTest(0); }
+  void TearDown() override {
+    hwy::SetSupportedTargetsForTest(0);
+    set_bf16_products(Bf16Products::kAuto);
+  }
 };
+
+// Runs check once on each of bf16's products (pairs on VDPBF16PS where the CPU has AVX512-BF16,
+// widened float32 FMAs), whichever kAuto would pick on this CPU.
+template <class Check>
+void ForEachBf16Products(const Check& check) {
+  for (Bf16Products choice : {Bf16Products::kPairs, Bf16Products::kFloat}) {
+    SCOPED_TRACE(choice == Bf16Products::kPairs ? "bf16 pair products" : "float32 products");
+    set_bf16_products(choice);
+    check();
+  }
+}
 
 INSTANTIATE_TEST_SUITE_P(Targets, HalfPrecision,
                          ::testing::ValuesIn(hwy::SupportedAndGeneratedTargets()),
@@ -153,13 +168,15 @@ const Shape kShapes[] = {{1, 1, 1, 1, 1, 1},      {2, 3, 97, 7, 8, 64},
 const Layout kLayouts[] = {Layout::kContiguous, Layout::kSequenceMajor, Layout::kChannelsFirst};
 
 TEST_P(HalfPrecision, BFloat16ShapesAndLayouts) {
-  int n = 0;
-  for (const Shape& s : kShapes) {
-    expect_close_to_reference<BFloat16>(
-        make_problem<float>(s.B, s.H, s.Lq, s.Lk, s.E, s.Ev, kLayouts[n % 3], 700 + n),
-        "shape #" + std::to_string(n));
-    ++n;
-  }
+  ForEachBf16Products([] {
+    int n = 0;
+    for (const Shape& s : kShapes) {
+      expect_close_to_reference<BFloat16>(
+          make_problem<float>(s.B, s.H, s.Lq, s.Lk, s.E, s.Ev, kLayouts[n % 3], 700 + n),
+          "shape #" + std::to_string(n));
+      ++n;
+    }
+  });
 }
 
 // Scores that span ~+-100 (scale 3 at E = 16): the bf16 products' cheaper exp (Bf16SoftmaxExp)
@@ -167,7 +184,7 @@ TEST_P(HalfPrecision, BFloat16ShapesAndLayouts) {
 TEST_P(HalfPrecision, BFloat16WideScores) {
   auto pr = make_problem<float>(1, 2, 150, 333, 16, 24, Layout::kContiguous, 950);
   pr.scale = 3.0;
-  expect_close_to_reference<BFloat16>(pr, "scale 3");
+  ForEachBf16Products([&] { expect_close_to_reference<BFloat16>(pr, "scale 3"); });
 }
 
 TEST_P(HalfPrecision, Float16ShapesAndLayouts) {
@@ -181,16 +198,18 @@ TEST_P(HalfPrecision, Float16ShapesAndLayouts) {
 }
 
 TEST_P(HalfPrecision, MasksCausalAndFullyMaskedRows) {
-  int n = 0;
-  for (MaskKind kind : {MaskKind::kBool, MaskKind::kAdditive}) {
-    for (bool causal : {false, true}) {
-      expect_close_to_reference<BFloat16>(
-          make_problem<float>(2, 2, 45, 70, 16, 24, Layout::kChannelsFirst, 900 + n, kind,
-                              {false, true, false, false}, causal, /*fully_masked_rows=*/true),
-          "mask kind " + std::to_string(static_cast<int>(kind)) + (causal ? " causal" : ""));
-      ++n;
+  ForEachBf16Products([] {
+    int n = 0;
+    for (MaskKind kind : {MaskKind::kBool, MaskKind::kAdditive}) {
+      for (bool causal : {false, true}) {
+        expect_close_to_reference<BFloat16>(
+            make_problem<float>(2, 2, 45, 70, 16, 24, Layout::kChannelsFirst, 900 + n, kind,
+                                {false, true, false, false}, causal, /*fully_masked_rows=*/true),
+            "mask kind " + std::to_string(static_cast<int>(kind)) + (causal ? " causal" : ""));
+        ++n;
+      }
     }
-  }
+  });
 }
 
 TEST(HalfPrecisionConversions, RoundToNearestEvenAndKeepNaN) {

@@ -129,3 +129,48 @@ def test_autocast_module_output_is_close_to_float32():
     assert block.query.weight.grad is not None
     # A few bf16 roundings (2^-8 relative each) through the projections and the attention.
     assert max_err(got, want) <= 4 * 2**-8 * float(want.detach().abs().max())
+
+
+@pytest.fixture
+def restore_bf16_products():
+    yield
+    attn2d.set_bf16_products("auto")
+
+
+@pytest.mark.parametrize("choice", ["pairs", "float"])
+def test_bf16_products_choice_switches_the_kernels_and_both_hold_the_rule(choice,
+                                                                         restore_bf16_products):
+    attn2d.set_bf16_products(choice)
+    used = attn2d.bf16_products()
+    # "pairs" needs AVX512-BF16 (and a build with the pair kernels); "float" runs everywhere.
+    assert used == "float" if choice == "float" else used in ("pairs", "float")
+    gen = torch.Generator().manual_seed(31)
+    q, k, v = (torch.randn(1, 2, n, e, generator=gen).bfloat16()
+               for n, e in ((150, 64), (211, 64), (211, 48)))
+    g = torch.randn(1, 2, 150, 48, generator=gen).bfloat16()
+    _check_against_naive(torch.bfloat16, q, k, v, g)
+    _check_against_naive(torch.bfloat16, q, k, v, g, is_causal=True)
+
+
+def test_bf16_products_pairs_and_float_differ_only_by_rounding(restore_bf16_products):
+    attn2d.set_bf16_products("pairs")
+    if attn2d.bf16_products() != "pairs":
+        pytest.skip("no AVX512-BF16 pair kernels on this CPU or build")
+    gen = torch.Generator().manual_seed(32)
+    q, k, v = (torch.randn(1, 2, 128, 64, generator=gen).bfloat16() for _ in range(3))
+    pairs = attn2d.attention(q, k, v)
+    attn2d.set_bf16_products("float")
+    widened = attn2d.attention(q, k, v)
+    # P is rounded to bf16 on the pair products: the outputs differ, by a few bf16 ulps at most.
+    assert not torch.equal(pairs, widened)
+    assert (pairs.float() - widened.float()).abs().max() < 0.05
+
+
+def test_set_bf16_products_rejects_bad_choices():
+    with pytest.raises(ValueError, match="set_bf16_products: choice must be one of"):
+        attn2d.set_bf16_products("fast")
+    with pytest.raises(TypeError, match="must be a str"):
+        attn2d.set_bf16_products(1)
+    with pytest.raises(ValueError, match="choice must be 'auto', 'pairs' or 'float'"):
+        torch.ops.attn2d.set_bf16_products("fast")
+    assert attn2d.bf16_products() in ("pairs", "float")
