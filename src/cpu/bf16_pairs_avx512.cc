@@ -31,35 +31,14 @@ using Clock = std::chrono::steady_clock;
 // over the chains is unrolled so that they stay in registers: kept in the array, each step
 // went through memory and the FMA chains measured 21-48 G multiply-adds a second against 124
 // (session 20, Intel Xeon; there VDPBF16PS reached 62, half the FMAs' rate).
-double DpbfChainsSeconds(std::int64_t iterations, float seed) {
+template <class Step>
+double ChainsSeconds(std::int64_t iterations, float seed, const Step& step) {
   __m512 c[12];
   for (int i = 0; i < 12; ++i) c[i] = _mm512_set1_ps(seed + 0.125f * static_cast<float>(i));
-  const __m512bh a = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x3f803f80 ^ (seed > 2.0f)));
-  const __m512bh b = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x33803380));
   const auto t0 = Clock::now();
   for (std::int64_t it = 0; it < iterations; ++it) {
 #pragma GCC unroll 12
-    for (int i = 0; i < 12; ++i) c[i] = _mm512_dpbf16_ps(c[i], a, b);
-  }
-  const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-  alignas(64) float lanes[16];
-  volatile float sink = 0;
-  for (int i = 0; i < 12; ++i) {
-    _mm512_store_ps(lanes, c[i]);
-    sink = sink + lanes[0];
-  }
-  return dt;
-}
-
-double FmaChainsSeconds(std::int64_t iterations, float seed) {
-  __m512 c[12];
-  for (int i = 0; i < 12; ++i) c[i] = _mm512_set1_ps(seed + 0.125f * static_cast<float>(i));
-  const __m512 a = _mm512_set1_ps(0.999999f * (seed > 2.0f ? 0.5f : 1.0f));
-  const __m512 b = _mm512_set1_ps(1e-7f);
-  const auto t0 = Clock::now();
-  for (std::int64_t it = 0; it < iterations; ++it) {
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; ++i) c[i] = _mm512_fmadd_ps(c[i], a, b);
+    for (int i = 0; i < 12; ++i) c[i] = step(c[i]);
   }
   const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
   alignas(64) float lanes[16];
@@ -147,10 +126,17 @@ bool bf16_pairs_outpace_fma() {
     // 4096 steps of 12 chains: ~50k instructions, ~25 us at 2 a cycle; the best of 8 runs each,
     // alternated, against a context switch or a slow first run.
     constexpr std::int64_t kSteps = 4096;
+    const __m512bh a = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x3f803f80 ^ (seed > 2.0f)));
+    const __m512bh b = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x33803380));
+    const __m512 x = _mm512_set1_ps(0.999999f * seed), y = _mm512_set1_ps(1e-7f);
     double dpbf = 1e9, fma = 1e9;
     for (int r = 0; r < 8; ++r) {
-      dpbf = std::min(dpbf, DpbfChainsSeconds(kSteps, seed));
-      fma = std::min(fma, FmaChainsSeconds(kSteps, seed));
+      dpbf = std::min(dpbf, ChainsSeconds(kSteps, seed, [&](__m512 c) {
+                        return _mm512_dpbf16_ps(c, a, b);
+                      }));
+      fma = std::min(fma, ChainsSeconds(kSteps, seed, [&](__m512 c) {
+                       return _mm512_fmadd_ps(c, x, y);
+                     }));
     }
     // VDPBF16PS does 32 multiply-adds an instruction, a zmm FMA 16.
     return 32.0 / dpbf >= 1.5 * (16.0 / fma);
