@@ -4,7 +4,9 @@
 // instruction set: on an AMD Zen 5 the pair products ran attention 1.46-1.64x as fast as
 // float32, on an Intel Xeon with the same extensions (session 20) at 0.59-0.74x, where widened
 // inputs ran at 1.00x. kAuto measures both instructions' throughput once per process and takes
-// pairs only where they do at least 1.5x the FMAs' multiply-adds a second.
+// pairs only where they do at least 1.5x the FMAs' multiply-adds a second (the Xeon: 0.5x; Zen
+// 5's ratio was not probed, no such host being at hand since: its 1.5x end-to-end gain implies
+// about 2x).
 #pragma once
 
 namespace attn2d {
