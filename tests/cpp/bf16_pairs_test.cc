@@ -41,7 +41,6 @@ TEST(Bf16Pairs, ProductChoiceFollowsTheSettingAndTheMeasurement) {
   EXPECT_EQ(bf16_products(), Bf16Products::kAuto);  // the default
   EXPECT_EQ(use_bf16_pairs(), bf16_pairs_outpace_fma());
   if (!cpu_has_avx512_bf16()) EXPECT_FALSE(bf16_pairs_outpace_fma());
-  EXPECT_EQ(bf16_pairs_outpace_fma(), bf16_pairs_outpace_fma());  // measured once
   set_bf16_products(Bf16Products::kPairs);
   EXPECT_EQ(use_bf16_pairs(), cpu_has_avx512_bf16());
   set_bf16_products(Bf16Products::kFloat);
