@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -179,6 +180,35 @@ TEST_P(WindowAttention, WindowsOnOneSideOfTheQueryMatchTheDenseMaskOracle) {
   expect_window_matches_dense<float>(2, 2, 16, 8, below, Layout::kContiguous, 31);
   const Offsets above(40, 32, {-4, -3, -4, -3}, {-2, -2, 0, 0});
   expect_window_matches_dense<double>(1, 3, 5, 7, above, Layout::kChannelsFirst, 32);
+}
+
+TEST_P(WindowAttention, RandomWindowsMatchTheDenseMaskOracle) {
+  // Seeded draws of everything at once, on every compiled target (the Python suite runs only
+  // the best one): maps of 1-32 rows, widths of 1-33 or a multiple of 16 (the blocked kernels),
+  // squares, diamonds and disks of 1-11, dilation 1-3, E and Ev 1-20, the three layouts, float
+  // and double, 1-2 batches of 1-3 heads.
+  std::mt19937_64 rng(20261204);
+  auto pick = [&](std::int64_t lo, std::int64_t hi) {
+    return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
+  };
+  const Layout layouts[] = {Layout::kContiguous, Layout::kSequenceMajor, Layout::kChannelsFirst};
+  const Shape shapes[] = {Shape::kSquare, Shape::kDiamond, Shape::kDisk};
+  for (int draw = 0; draw < 96; ++draw) {
+    const std::int64_t height = pick(1, 32);
+    const std::int64_t width = pick(0, 2) == 0 ? 16 * pick(1, 2) : pick(1, 33);
+    const Offsets win(height, width, static_cast<int>(pick(1, 11)), shapes[pick(0, 2)],
+                      static_cast<int>(pick(1, 3)));
+    if (win.view.count == 0) continue;  // no offset lands inside the map
+    const std::int64_t B = pick(1, 2), H = pick(1, 3), E = pick(1, 20), Ev = pick(1, 20);
+    const Layout layout = layouts[pick(0, 2)];
+    const std::uint64_t seed = 100 + static_cast<std::uint64_t>(draw);
+    SCOPED_TRACE("draw " + std::to_string(draw));
+    if (pick(0, 1) == 0) {
+      expect_window_matches_dense<float>(B, H, E, Ev, win, layout, seed);
+    } else {
+      expect_window_matches_dense<double>(B, H, E, Ev, win, layout, seed);
+    }
+  }
 }
 
 TEST_P(WindowAttention, RowsThatSeeNoKeyGiveZeroOutputAndGradients) {
