@@ -4,7 +4,9 @@ baseline that sets the tolerance of the fused kernels."""
 from __future__ import annotations
 
 import math
+import random
 
+import pytest
 import torch
 
 
@@ -48,3 +50,24 @@ def tolerance(naive_error: float, dtype: torch.dtype, magnitude: float = 1.0) ->
     ours, 2 ulp, which a floor of 1e-6 alone failed."""
     floor = (1e-6 if dtype == torch.float32 else 1e-12) * max(1.0, magnitude)
     return 2.0 * naive_error + floor
+
+
+def random_sweep_tests(draw, check, quick: int, slow: int):
+    """Two tests over seeded draws: seeds [0, quick) in every run and [quick, quick + slow) with
+    ATTN2D_SLOW=1. Seed s draws a case with draw(random.Random(s)) (its tensors from torch's
+    generator seeded with s) and runs check(**case, relative_floor=True)."""
+    def run(seed: int):
+        rng = random.Random(seed)
+        torch.manual_seed(seed)
+        check(**draw(rng), relative_floor=True)
+
+    @pytest.mark.parametrize("seed", range(quick))
+    def test_random_combinations(seed):
+        run(seed)
+
+    @pytest.mark.slow
+    @pytest.mark.parametrize("seed", range(quick, quick + slow))
+    def test_random_combinations_sweep(seed):
+        run(seed)
+
+    return test_random_combinations, test_random_combinations_sweep

@@ -13,7 +13,7 @@ import torch
 import attn2d
 from attn2d import _layout
 from attn2d.patterns import YLG, YLG_PATTERNS, Window
-from reference import max_err, naive_attention, tolerance
+from reference import max_err, naive_attention, random_sweep_tests, tolerance
 
 
 def run_both(pattern, q_hw, kv_hw, heads, dtype=torch.float64, E=7, Ev=5, B=2, strided=False,
@@ -116,21 +116,8 @@ def random_case(rng: random.Random):
                     Ev=rng.randint(1, 20), B=rng.randint(1, 2), strided=rng.random() < 0.2)
 
 
-def run_random_case(seed: int):
-    case = random_case(random.Random(seed))
-    torch.manual_seed(seed)
-    run_both(**case, relative_floor=True)
-
-
-@pytest.mark.parametrize("seed", range(150))
-def test_random_combinations_match_dense_masked_attention(seed):
-    run_random_case(seed)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("seed", range(150, 2150))
-def test_random_combinations_sweep(seed):
-    run_random_case(seed)
+test_random_combinations, test_random_combinations_sweep = random_sweep_tests(
+    random_case, run_both, quick=150, slow=2000)
 
 
 @pytest.mark.parametrize("pattern,q_hw,kv_hw,heads", [
