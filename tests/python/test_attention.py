@@ -131,7 +131,7 @@ def test_strided_mask_view():
 
 def random_case(rng: random.Random) -> dict:
     """Shapes, layouts, masks, causality and scales drawn together: B 1-3, H 1-4, Lq and Lk 1-80
-    (a sixth of the cases up to 600), E and Ev 1-70; each of q, k, v contiguous, an NCHW-style
+    (15% of the cases up to 600), E and Ev 1-70; each of q, k, v contiguous, an NCHW-style
     transpose (last-dimension stride L) or every other element of a wider row; no mask, a bool
     mask (10-90% allowed, so some rows fully masked) or a float one (half its entries -inf in
     half the cases) of any broadcast shape; causal in 30%; the default scale, 0.05 or 1 / E.
