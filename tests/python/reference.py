@@ -53,6 +53,17 @@ def tolerance(naive_error: float, dtype: torch.dtype, magnitude: float = 1.0) ->
     return 2.0 * naive_error + floor
 
 
+def assert_within_rule(results: dict, dtype: torch.dtype, relative_floor: bool = False) -> None:
+    """results["ours" | "naive" | "oracle"] = (out, dq, dk, dv): each of ours within tolerance()
+    of the float64 oracle, naive being the same-dtype naive attention; with relative_floor the
+    floor scales with the oracle tensor's largest value."""
+    for i, what in enumerate(("out", "dq", "dk", "dv")):
+        ours, naive, oracle = (results[n][i] for n in ("ours", "naive", "oracle"))
+        err, naive_err = max_err(ours, oracle), max_err(naive, oracle)
+        magnitude = float(oracle.abs().max()) if relative_floor and oracle.numel() else 1.0
+        assert err <= tolerance(naive_err, dtype, magnitude), (what, err, naive_err, magnitude)
+
+
 def random_sweep_tests(draw, check, quick: int, slow: int):
     """Two tests over seeded draws: seeds [0, quick) in every run and [quick, quick + slow) with
     ATTN2D_SLOW=1. Seed s draws a case with draw(random.Random(s)) (its tensors from torch's
