@@ -10,27 +10,36 @@
 // the tiled sparse backward computes every pair of each visited 8x8-pixel tile pair (2.5x the
 // allowed pairs of a 15x15 square, 4.9x those of a diamond).
 //
-// dK and dV are scattered, so queries that reach the same keys must not run at once: each head's
-// vectors are cut into bands of B raster-consecutive vectors, (P - 1) B L >= max off - min off,
-// so that band k reaches no key that band k + P reaches; the P phases run bands 0, P, 2P, ...
-// in parallel, then bands 1, P + 1, ..., and so on. Every key's sum thus runs in one fixed
-// order (by phase, then each band's vectors in raster order, offsets in walk order), whatever
-// the thread count.
+// dK and dV are scattered, so queries that reach the same keys must not run at once.
 //
 // Where the forward runs blocks (window_geometry.h: evenly spaced columns, width a multiple of
 // L), the backward runs blocks of 4 query vectors one pixel row apart: S and dP by BlockDots
 // (each key load shared by up to 4 multiply-adds), P and dS, dQ^T = dS K^T(off) in registers
 // (BlockCombine), and dK^T, dV^T by BlockScatter, whose column walk shares each query row
 // load across the column's offsets and keeps the overlapping stores of neighbouring columns a
-// column's worth of rows apart. Bands again keep scattering tasks apart: a task holds a run of
-// kScatterBlocks blocks down every strip of the map, and runs r and r + P reach disjoint keys.
-// Until session 14 the blocked backward ran a second pass per block of 4 key vectors under the
-// window turned around (S^T, dP^T and their exps recomputed: 4E + 3Ev multiply-adds and 2 exps
-// a pair against 3E + 2Ev and 1). With the scatter (development VM, Intel AVX-512, 4 heads,
-// E = Ev = 16, the two builds alternated 3 rounds, medians of 15-20 calls): 128x128 square 15,
-// one thread, 58.9 -> 49.8 ms; two threads 32.3 -> 28.8 ms; diamond 15, one thread 36.0 ->
-// 32.0 ms, two threads 24.4 -> 23.4 ms; 256x256 square 15, two threads, 141.6 -> 126.4 ms.
-// Runs of 2 blocks (3 phases, 16 runs a 128x128 head) were 3-7% slower than 4 (2 phases).
+// column's worth of rows apart. Until session 14 the blocked backward ran a second pass per
+// block of 4 key vectors under the window turned around (S^T, dP^T and their exps recomputed:
+// 4E + 3Ev multiply-adds and 2 exps a pair against 3E + 2Ev and 1).
+//
+// The blocked backward streams (StreamBackward): a task walks one segment of a head's bands of
+// query rows in order on its thread's planes (GradStream), packing each band's queries and the
+// keys it newly reaches, summing dK and dV in the planes, and writing each key out once no later
+// band of the segment reaches it; keys around a segment boundary are summed by both segments
+// apart and added by a last pass, so segments need no phases. Until session 22 it packed whole
+// heads (7.2 MB at 128x128, E = Ev = 16: past L2) and ran runs of 4 blocks down every strip in
+// two phases; against that (development VM, Intel AVX-512, 4 heads, E = Ev = 16, diamond 15, the
+// builds alternated 3 rounds, lower quartiles of 10 calls, ns per query): two threads 128x128
+// 207-209 -> 150-189, 256x256 221-226 -> 177-205; one thread 128x128 326-343 -> 277-288, 256x256
+// 333-362 -> 348-365. Bands of one block row (the L2 rule's choice at 144 px and wider) made the
+// scatter 1.7x slower at 144x144, for reasons not found (not the planes' row length, their
+// alignment or the scratch's place); two block rows at least run as fast as the whole-head walk
+// or faster at every width from 96 to 272.
+//
+// The unblocked backward (WholeHeadBackward) packs whole heads and cuts each head's vectors into
+// bands of B raster-consecutive vectors, (P - 1) B L >= max off - min off, so that band k reaches
+// no key that band k + P reaches; the P phases run bands 0, P, 2P, ... in parallel, then bands
+// 1, P + 1, ..., and so on. Either way every key's sum runs in one fixed order, whatever the
+// thread count.
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "src/cpu/window_backward_cpu.cc"
@@ -39,6 +48,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <string>
@@ -58,6 +68,7 @@
 #include "cpu/tile_ops-inl.h"
 #include "cpu/window_geometry.h"
 #include "cpu/window_ops-inl.h"
+#include "cpu/window_stream-inl.h"
 #include "hwy/highway.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -78,8 +89,8 @@ struct WindowBackwardPlan {
   const AttentionBackwardParams* bp;
   const WindowGeometry<T>* g;
   size_t e_pad, ev_pad;           // E and Ev rounded up to 4 (zero rows)
-  std::int64_t band_vectors = 0;  // B (one vector at a time)
-  std::int64_t bands;             // per head: of B vectors, or blocked: runs of kScatterBlocks
+  std::int64_t band_vectors = 0;  // B
+  std::int64_t bands;             // per head
   std::int64_t phases;            // P
   std::int64_t pack_tasks_per_head;
   std::int64_t group_first = 0;   // the (b, h) pairs packed now: group_first ..
@@ -88,7 +99,6 @@ struct WindowBackwardPlan {
 
   // Bands of one head in `phase`.
   std::int64_t bands_in(std::int64_t ph) const { return (bands - ph + phases - 1) / phases; }
-  bool blocked;                   // blocks of kBlockRows vectors, else one vector at a time
   size_t head_elems;              // (3 e_pad + 3 ev_pad + 2) * ld
   const std::uint16_t* scatter_order;  // (count,) per chunk of kOffsetChunk, its walk order
   T* packed;
@@ -108,13 +118,6 @@ struct WindowBackwardPlan {
   T* delta(std::int64_t slot) const { return lse(slot) + ld(); }
   T* dkt(std::int64_t slot) const { return delta(slot) + ld(); }
   T* dvt(std::int64_t slot) const { return dkt(slot) + e_pad * ld(); }
-  // The planes a block reads, of one head.
-  struct Planes {
-    const T *qt, *kt, *vt, *dot, *lse, *delta;
-  };
-  Planes planes(std::int64_t slot) const {
-    return {qt(slot), kt(slot), vt(slot), dot(slot), lse(slot), delta(slot)};
-  }
 };
 
 template <typename T, typename IO>
@@ -243,105 +246,28 @@ void BandTask(void* ctx, std::int64_t task, int thread) {
   }
 }
 
-// A blocked task's arrays in its thread's scratch (base null: only counts them into `elems`):
-// scores and their gradients for R = kBlockRows vectors at the window's `count` offsets, the R
-// vectors' dQ^T, and three lane vectors (a vector's pixel rows and columns for the border
-// mask; the softmax scale).
-template <typename T>
-struct BlockScratch {
-  T* S;        // (R, count, L) scores, then P
-  T* G;        // (R, count, L) dP, then dS
-  T* acc;      // (R, e_pad, L)
-  T* lanes_i;  // (L,)
-  T* lanes_j;  // (L,)
-  T* scale;    // (L,)
-  size_t elems;
-  BlockScratch(T* base, size_t count, size_t e_pad, size_t L) {
-    ScratchCarver<T> carve(base);
-    S = carve.take(kBlockRows * count * L);
-    G = carve.take(kBlockRows * count * L);
-    acc = carve.take(kBlockRows * e_pad * L);
-    lanes_i = carve.take(L);
-    lanes_j = carve.take(L);
-    scale = carve.take(L);
-    elems = carve.used();
-  }
-};
-
-// Blocks per strip in a scattering task: runs of 4 blocks (16 pixel rows at dilation 1) give a
-// 128x128 head 8 runs, 4 per phase, where runs of 8 gave 2.
-constexpr std::int64_t kScatterBlocks = 4;
-
-// The blocks of one strip's walk: dQ of their queries, and their terms of dK and dV added to
-// the packed dK^T and dV^T.
+// dst[n * stride[2] + e * stride[3]] = src[e * ld + n - n0] for positions [n0, n1) and rows
+// e < width: rows of positions, as the packed planes hold them, back into one head's (positions,
+// width) slice of dK or dV (dst at (b, h, 0, 0)).
 template <typename T, typename IO>
-void ScatterBlocks(const WindowBackwardPlan<T>& plan, const BlockWalk& walk,
-                   const BlockScratch<T>& arrays) {
-  const AttentionBackwardParams& bp = *plan.bp;
-  const AttentionParams& p = bp.fwd;
-  const WindowGeometry<T>& g = *plan.g;
-  const hn::ScalableTag<T> d;
-  const size_t L = hn::Lanes(d);
-  constexpr size_t R = kBlockRows;
-  const size_t count = static_cast<size_t>(g.count), ld = plan.ld();
-  T *S = arrays.S, *G = arrays.G, *acc = arrays.acc;
-  const size_t acc_ld = plan.e_pad * L;  // between the block's R vectors of dQ^T
-  IO* dq = static_cast<IO*>(bp.dq) + offset4(bp.dq_stride, walk.b, walk.h, 0, 0);
-  const auto [qt, kt, vt, dot, lse, delta] = plan.planes(walk.slot);
-  T *dkt = plan.dkt(walk.slot), *dvt = plan.dvt(walk.slot);
-  for (std::int64_t a = walk.a_begin, v0; (v0 = walk.first(a)) >= 0; ++a) {
-    const size_t col = static_cast<size_t>(g.margin + v0 * walk.L);
-    BlockDots(d, g, qt + col, kt + col, plan.e_pad, S);
-    BlockDots(d, g, dot + col, vt + col, plan.ev_pad, G);
-    for (size_t k = 0; k < R; ++k) {
-      // Vectors past the last query read the zero margins, where the lse is +inf and D is 0:
-      // their P and dS are 0, and they scatter nothing (their dQ rows are not stored).
-      T* Sk = S + k * count * L;
-      T* Gk = G + k * count * L;
-      MaskBlockVector(d, g, walk.position(v0, k), Sk, arrays.lanes_i, arrays.lanes_j, false);
-      // Masked scores are -inf and the lse is +inf for lanes that saw no key: exp gives 0
-      // either way, never exp(-inf + inf).
-      const size_t ck = col + static_cast<size_t>(k) * static_cast<size_t>(g.block_stride);
-      const auto lse_k = hn::Load(d, lse + ck), D_k = hn::Load(d, delta + ck);
-      for (size_t o = 0; o < count; ++o) {
-        const auto pr = ExpOf(d, hn::Sub(hn::Load(d, Sk + o * L), lse_k));
-        hn::Store(pr, d, Sk + o * L);
-        hn::Store(hn::Mul(pr, hn::Sub(hn::Load(d, Gk + o * L), D_k)), d, Gk + o * L);
-      }
+HWY_INLINE void WriteRows(const T* src, size_t ld, std::int64_t n0, std::int64_t n1,
+                          std::int64_t width, IO* dst, const std::int64_t* stride) {
+  if (n0 >= n1 || width == 0) return;
+  if constexpr (std::is_same<IO, T>::value) {
+    if (stride[3] == 1) {
+      // The packing transpose run backwards: (width, positions) -> (positions, width).
+      PackTransposed<T, T>(src, Rows{nullptr, 0, static_cast<size_t>(width)},
+                           static_cast<std::int64_t>(ld), 1, static_cast<size_t>(n1 - n0),
+                           dst + n0 * stride[2], static_cast<size_t>(stride[2]),
+                           static_cast<size_t>(width));
+      return;
     }
-    for (size_t e0 = 0; e0 < plan.e_pad; e0 += 4) {
-      BlockCombine(d, g, G, kt + e0 * ld + col, acc + e0 * L, acc_ld);
-    }
-    for (size_t k = 0; k < R; ++k) {
-      const std::int64_t q0 = walk.position(v0, k);
-      if (q0 >= p.len_q) break;
-      StoreLanes(d, acc + k * acc_ld, static_cast<size_t>(p.dim_qk),
-                 std::min<size_t>(L, static_cast<size_t>(p.len_q - q0)), arrays.scale, dq, q0,
-                 bp.dq_stride[2], bp.dq_stride[3]);
-    }
-    BlockScatter(d, g, S, dot + col, plan.ev_pad, dvt + col);  // dV^T += P dO^T
-    BlockScatter(d, g, G, qt + col, plan.e_pad, dkt + col);    // dK^T += dS Q^T (Q scaled)
   }
-}
-
-// One run (kScatterBlocks blocks down every strip) of one head of the packed group, in
-// `phase`: runs phase, phase + P, ... of a head run at once.
-template <typename T, typename IO>
-void ScatterRunTask(void* ctx, std::int64_t task, int thread) {
-  const WindowBackwardPlan<T>& plan = *static_cast<const WindowBackwardPlan<T>*>(ctx);
-  const AttentionParams& p = plan.bp->fwd;
-  const WindowGeometry<T>& g = *plan.g;
-  const size_t L = VectorLanes<T>();
-  const std::int64_t per_head = plan.bands_in(plan.phase);
-  const std::int64_t slot = task / per_head;
-  const std::int64_t run = plan.phases * (task % per_head) + plan.phase;
-  const BlockScratch<T> arrays(plan.scratch + static_cast<size_t>(thread) * plan.scratch_elems,
-                               static_cast<size_t>(g.count), plan.e_pad, L);
-  std::fill(arrays.scale, arrays.scale + L, static_cast<T>(p.scale));  // dQ = scale dS K
-  for (std::int64_t c = 0; c < g.block_stride / g.lanes; ++c) {
-    const BlockWalk walk(g, slot, c, run * kScatterBlocks, kScatterBlocks, plan.group_first,
-                         p.heads);
-    ScatterBlocks<T, IO>(plan, walk, arrays);
+  for (std::int64_t n = n0; n < n1; ++n) {
+    for (std::int64_t e = 0; e < width; ++e) {
+      dst[n * stride[2] + e * stride[3]] =
+          Store<IO>(src[static_cast<size_t>(e) * ld + static_cast<size_t>(n - n0)]);
+    }
   }
 }
 
@@ -352,52 +278,26 @@ void UnpackTask(void* ctx, std::int64_t task, int /*thread*/) {
   const AttentionBackwardParams& bp = *plan.bp;
   const AttentionParams& p = bp.fwd;
   const PackChunk chunk(task, plan.pack_tasks_per_head, plan.group_first, p.heads, p.len_q);
-  const std::int64_t slot = chunk.slot, b = chunk.b, h = chunk.h;
-  const std::int64_t n0 = chunk.n0, n1 = chunk.n0 + chunk.count;
-  const size_t ld = plan.ld();
-  const std::int64_t margin = plan.g->margin;
-  const struct {
-    const T* src;
-    void* dst;
-    const std::int64_t* stride;
-    std::int64_t width;
-  } parts[] = {{plan.dkt(slot), bp.dk, bp.dk_stride, p.dim_qk},
-               {plan.dvt(slot), bp.dv, bp.dv_stride, p.dim_v}};
-  for (const auto& part : parts) {
-    IO* dst = static_cast<IO*>(part.dst) + offset4(part.stride, b, h, 0, 0);
-    const T* src = part.src + static_cast<size_t>(margin);
-    if constexpr (std::is_same<IO, T>::value) {
-      if (part.stride[3] == 1) {
-        // The packing transpose run backwards: (width, positions) -> (positions, width).
-        PackTransposed<T, T>(src + n0, Rows{nullptr, 0, static_cast<size_t>(part.width)},
-                             static_cast<std::int64_t>(ld), 1, static_cast<size_t>(n1 - n0),
-                             dst + n0 * part.stride[2], static_cast<size_t>(part.stride[2]),
-                             static_cast<size_t>(part.width));
-        continue;
-      }
-    }
-    for (std::int64_t n = n0; n < n1; ++n) {
-      for (std::int64_t e = 0; e < part.width; ++e) {
-        dst[n * part.stride[2] + e * part.stride[3]] =
-            Store<IO>(src[static_cast<size_t>(e) * ld + static_cast<size_t>(n)]);
-      }
-    }
-  }
+  const size_t col = static_cast<size_t>(plan.g->margin + chunk.n0);
+  const std::int64_t n1 = chunk.n0 + chunk.count;
+  WriteRows(plan.dkt(chunk.slot) + col, plan.ld(), chunk.n0, n1, p.dim_qk,
+            static_cast<IO*>(bp.dk) + offset4(bp.dk_stride, chunk.b, chunk.h, 0, 0), bp.dk_stride);
+  WriteRows(plan.dvt(chunk.slot) + col, plan.ld(), chunk.n0, n1, p.dim_v,
+            static_cast<IO*>(bp.dv) + offset4(bp.dv_stride, chunk.b, chunk.h, 0, 0), bp.dv_stride);
 }
 
+// The unblocked backward: whole heads packed (a group at a time), bands of vectors in phases,
+// then dK and dV written out.
 template <typename T, typename IO>
-Status WindowBackward(const AttentionBackwardParams& bp, const Host& host) {
+Status WholeHeadBackward(const AttentionBackwardParams& bp, const Host& host,
+                         const WindowGeometry<T>& g, size_t e_pad, size_t ev_pad) {
   const AttentionParams& p = bp.fwd;
-  if (p.batch == 0 || p.heads == 0 || p.len_q == 0) return Status::Ok();
-  const std::int64_t L = static_cast<std::int64_t>(VectorLanes<T>());
-  const WindowOffsets& w = *p.window;
-  const WindowGeometry<T> g(w, L, kBlockRows, kBlockOffsets);
+  const std::int64_t L = g.lanes;
   WindowBackwardPlan<T> plan;
   plan.bp = &bp;
   plan.g = &g;
-  plan.blocked = g.block_rows > 1;
-  plan.e_pad = static_cast<size_t>(round_up(std::max<std::int64_t>(p.dim_qk, 1), 4));
-  plan.ev_pad = static_cast<size_t>(round_up(std::max<std::int64_t>(p.dim_v, 1), 4));
+  plan.e_pad = e_pad;
+  plan.ev_pad = ev_pad;
   std::vector<std::uint16_t> scatter_order(static_cast<size_t>(g.count));
   for (size_t o0 = 0; o0 < scatter_order.size(); o0 += kOffsetChunk) {
     const size_t n = std::min(kOffsetChunk, scatter_order.size() - o0);
@@ -414,34 +314,21 @@ Status WindowBackward(const AttentionBackwardParams& bp, const Host& host) {
   const std::int64_t pairs = p.batch * p.heads;
   const std::int64_t threads = std::max(host.num_threads, 1);
   const std::int64_t group = HeadsPerGroup(plan.head_elems * sizeof(T), pairs);
-  // Bands (runs of blocks) r and r + P reach disjoint keys when (P - 1) band positions span
-  // off_max - off_min. P depends on the problem only, never on the thread count, so that every
-  // thread count sums each key's terms in the same order.
-  if (plan.blocked) {
-    const std::int64_t run = kScatterBlocks * static_cast<std::int64_t>(kBlockRows) *
-                             g.block_stride;  // positions
-    plan.phases = 1 + (g.off_max - g.off_min + run - 1) / run;
-    plan.bands = (BlocksPerStrip(g) + kScatterBlocks - 1) / kScatterBlocks;
-  } else {
-    // P = 3 phases: a 128x128 head under a 15x15 window then has 18 bands (6 per phase, 3
-    // rounds of 2 threads each) where P = 2 gave 10 of twice the size (5 per phase: a round
-    // with one thread idle).
-    plan.phases = 3;
-    plan.band_vectors =
-        std::max<std::int64_t>(1, (g.off_max - g.off_min + (plan.phases - 1) * L - 1) /
-                                      ((plan.phases - 1) * L));
-    plan.bands = (g.vectors + plan.band_vectors - 1) / plan.band_vectors;
-  }
+  // Bands r and r + P reach disjoint keys when (P - 1) bands span off_max - off_min. P depends
+  // on the problem only, never on the thread count, so that every thread count sums each key's
+  // terms in the same order. P = 3 phases: a 128x128 head under a 15x15 window then has 18
+  // bands (6 per phase, 3 rounds of 2 threads each) where P = 2 gave 10 of twice the size (5 per
+  // phase: a round with one thread idle).
+  plan.phases = 3;
+  plan.band_vectors = std::max<std::int64_t>(
+      1, (g.off_max - g.off_min + (plan.phases - 1) * L - 1) / ((plan.phases - 1) * L));
+  plan.bands = (g.vectors + plan.band_vectors - 1) / plan.band_vectors;
   const size_t lanes = static_cast<size_t>(L);
-  const size_t count = static_cast<size_t>(g.count);
-  plan.scratch_elems =
-      plan.blocked
-          ? BlockScratch<T>(nullptr, count, plan.e_pad, lanes).elems
-          : 2 * ScratchCarver<T>::padded(kOffsetChunk * lanes) +
-                ScratchCarver<T>::padded(plan.e_pad * lanes) + 2 * ScratchCarver<T>::padded(lanes);
+  plan.scratch_elems = 2 * ScratchCarver<T>::padded(kOffsetChunk * lanes) +
+                       ScratchCarver<T>::padded(plan.e_pad * lanes) +
+                       2 * ScratchCarver<T>::padded(lanes);
   // The packing tasks' O^T chunk.
-  plan.scratch_elems = std::max(plan.scratch_elems,
-                                plan.ev_pad * static_cast<size_t>(kPackChunk));
+  plan.scratch_elems = std::max(plan.scratch_elems, plan.ev_pad * static_cast<size_t>(kPackChunk));
   const size_t elems = plan.head_elems * static_cast<size_t>(group) +
                        plan.scratch_elems * static_cast<size_t>(threads);
   Workspace ws(host);
@@ -451,16 +338,429 @@ Status WindowBackward(const AttentionBackwardParams& bp, const Host& host) {
   }
   plan.packed = reinterpret_cast<T*>(ws.data());
   plan.scratch = plan.packed + plan.head_elems * static_cast<size_t>(group);
-  const TaskFn band_task = plan.blocked ? ScatterRunTask<T, IO> : BandTask<T, IO>;
   for (plan.group_first = 0; plan.group_first < pairs; plan.group_first += group) {
     plan.group_size = std::min(group, pairs - plan.group_first);
     run_tasks(host, plan.group_size * plan.pack_tasks_per_head, &plan, BackwardPackTask<T, IO>);
     for (plan.phase = 0; plan.phase < std::min(plan.phases, plan.bands); ++plan.phase) {
-      run_tasks(host, plan.group_size * plan.bands_in(plan.phase), &plan, band_task);
+      run_tasks(host, plan.group_size * plan.bands_in(plan.phase), &plan, BandTask<T, IO>);
     }
     run_tasks(host, plan.group_size * plan.pack_tasks_per_head, &plan, UnpackTask<T, IO>);
   }
   return Status::Ok();
+}
+
+// A blocked task's arrays in its thread's scratch (base null: only counts them into `elems`):
+// scores and their gradients for R = kBlockRows vectors at the window's `count` offsets, the R
+// vectors' dQ^T, three lane vectors (a vector's pixel rows and columns for the border mask; the
+// softmax scale), and O^T of a band's `band` queries for D = rowsum(dO * O).
+template <typename T>
+struct BlockScratch {
+  T* S;        // (R, count, L) scores, then P
+  T* G;        // (R, count, L) dP, then dS
+  T* acc;      // (R, e_pad, L)
+  T* lanes_i;  // (L,)
+  T* lanes_j;  // (L,)
+  T* scale;    // (L,)
+  T* ot;       // (ev_pad, band)
+  size_t elems;
+  BlockScratch(T* base, size_t count, size_t e_pad, size_t ev_pad, size_t band, size_t L) {
+    ScratchCarver<T> carve(base);
+    S = carve.take(kBlockRows * count * L);
+    G = carve.take(kBlockRows * count * L);
+    acc = carve.take(kBlockRows * e_pad * L);
+    lanes_i = carve.take(L);
+    lanes_j = carve.take(L);
+    scale = carve.take(L);
+    ot = carve.take(ev_pad * band);
+    elems = carve.used();
+  }
+};
+
+// One thread's planes for the blocked backward, each (rows, ld) with position n at column
+// n - origin: the keys [lo, hi) that its walk down a head has reached and not yet written out,
+// K^T, V^T and the sums dK^T, dV^T; and the band's queries Q^T (scaled), dO^T, the lse (+inf
+// for a row that saw no key and past the last query, so that P = exp(S - lse) is 0 there) and
+// D = rowsum(dO * O), in the same columns (the kernels read both at one column and ld).
+template <typename T>
+struct GradStream {
+  T *kt, *vt, *dkt, *dvt;      // (e_pad, ld), (ev_pad, ld), (e_pad, ld), (ev_pad, ld)
+  T *qt, *dot, *lse, *delta;   // (e_pad, ld), (ev_pad, ld), (1, ld), (1, ld)
+  size_t ld = 0;
+  std::int64_t bh = -1, origin = 0, lo = 0, hi = 0;
+
+  static size_t Elems(size_t ld, size_t e_pad, size_t ev_pad) {
+    return (3 * e_pad + 3 * ev_pad + 2) * ld;
+  }
+  // Carves the planes from base. The padding rows (E .. e_pad of Q^T and K^T, Ev .. ev_pad of
+  // dO^T and V^T) enter every product as zeros and are never written after; those of dK^T and
+  // dV^T only ever receive zeros times P and are never read.
+  void Carve(T* base, size_t ld_, size_t E, size_t e_pad, size_t Ev, size_t ev_pad) {
+    ld = ld_;
+    kt = base;
+    vt = kt + e_pad * ld;
+    dkt = vt + ev_pad * ld;
+    dvt = dkt + e_pad * ld;
+    qt = dvt + ev_pad * ld;
+    dot = qt + e_pad * ld;
+    lse = dot + ev_pad * ld;
+    delta = lse + ld;
+    for (T* plane : {qt, kt}) std::fill(plane + E * ld, plane + e_pad * ld, T(0));
+    for (T* plane : {dot, vt}) std::fill(plane + Ev * ld, plane + ev_pad * ld, T(0));
+  }
+};
+
+// The blocked backward's walk: each head cut into bands of blocks_per_band block rows (band
+// positions), bands into segments of bands_per_segment. A task runs one segment's bands in
+// order on its thread's planes, each band's dQ written out, and each key's dK and dV written
+// out once no later band of the segment reaches it. Keys that two neighbouring segments reach
+// (span positions around each boundary B: [B + min(off_min, 0), B + max(off_max, 0))) are
+// summed by each segment apart, into the halo buffers, and added by a second pass: trailing sum
+// of the segment before B, then leading sum of the one after. Segments depend on the problem
+// only, so every thread count sums each key's terms in one order.
+template <typename T>
+struct StreamBackwardPlan {
+  const AttentionBackwardParams* bp;
+  const WindowGeometry<T>* g;  // ld: the planes' row length
+  size_t e_pad, ev_pad;
+  std::int64_t blocks_per_band, band;  // block rows, positions
+  std::int64_t bands;                  // per head
+  std::int64_t bands_per_segment, segments;
+  std::int64_t span;
+  GradStream<T>* streams;  // (threads,)
+  T* scratch;              // (threads, scratch_elems) BlockScratch
+  size_t scratch_elems;
+  T* halos;  // (pairs, segments - 1, 2, E + Ev, span): per boundary, the trailing then leading sums
+
+  std::int64_t lo(std::int64_t p0) const { return StreamLo(*g, p0); }
+  std::int64_t hi(std::int64_t p1) const { return StreamHi(*g, p1); }
+  // Halo buffer `side` (0 trailing, 1 leading) of boundary k (after segment k) of head bh.
+  T* halo(std::int64_t bh, std::int64_t k, int side) const {
+    const std::int64_t rows = bp->fwd.dim_qk + bp->fwd.dim_v;
+    return halos + static_cast<size_t>(((bh * (segments - 1) + k) * 2 + side) * rows * span);
+  }
+};
+
+// dQ of the blocks of one strip's walk over the stream's band, and their terms of dK and dV
+// added to the stream's dK^T and dV^T.
+template <typename T, typename IO>
+void ScatterBlocks(const StreamBackwardPlan<T>& plan, const GradStream<T>& s,
+                   const BlockWalk& walk, const BlockScratch<T>& arrays) {
+  const AttentionBackwardParams& bp = *plan.bp;
+  const AttentionParams& p = bp.fwd;
+  const WindowGeometry<T>& g = *plan.g;
+  const hn::ScalableTag<T> d;
+  const size_t L = hn::Lanes(d);
+  constexpr size_t R = kBlockRows;
+  const size_t count = static_cast<size_t>(g.count), ld = s.ld;
+  T *S = arrays.S, *G = arrays.G, *acc = arrays.acc;
+  const size_t acc_ld = plan.e_pad * L;  // between the block's R vectors of dQ^T
+  IO* dq = static_cast<IO*>(bp.dq) + offset4(bp.dq_stride, walk.b, walk.h, 0, 0);
+  for (std::int64_t a = walk.a_begin, v0; (v0 = walk.first(a)) >= 0; ++a) {
+    const size_t col = static_cast<size_t>(v0 * walk.L - s.origin);
+    BlockDots(d, g, s.qt + col, s.kt + col, plan.e_pad, S);
+    BlockDots(d, g, s.dot + col, s.vt + col, plan.ev_pad, G);
+    for (size_t k = 0; k < R; ++k) {
+      // Vectors past the last query read zeros, where the lse is +inf and D is 0: their P and
+      // dS are 0, and they scatter nothing (their dQ rows are not stored).
+      T* Sk = S + k * count * L;
+      T* Gk = G + k * count * L;
+      MaskBlockVector(d, g, walk.position(v0, k), Sk, arrays.lanes_i, arrays.lanes_j, false);
+      // Masked scores are -inf and the lse is +inf for lanes that saw no key: exp gives 0
+      // either way, never exp(-inf + inf).
+      const size_t ck = col + static_cast<size_t>(k) * static_cast<size_t>(g.block_stride);
+      const auto lse_k = hn::Load(d, s.lse + ck), D_k = hn::Load(d, s.delta + ck);
+      for (size_t o = 0; o < count; ++o) {
+        const auto pr = ExpOf(d, hn::Sub(hn::Load(d, Sk + o * L), lse_k));
+        hn::Store(pr, d, Sk + o * L);
+        hn::Store(hn::Mul(pr, hn::Sub(hn::Load(d, Gk + o * L), D_k)), d, Gk + o * L);
+      }
+    }
+    for (size_t e0 = 0; e0 < plan.e_pad; e0 += 4) {
+      BlockCombine(d, g, G, s.kt + e0 * ld + col, acc + e0 * L, acc_ld);
+    }
+    for (size_t k = 0; k < R; ++k) {
+      const std::int64_t q0 = walk.position(v0, k);
+      if (q0 >= p.len_q) break;
+      StoreLanes(d, acc + k * acc_ld, static_cast<size_t>(p.dim_qk),
+                 std::min<size_t>(L, static_cast<size_t>(p.len_q - q0)), arrays.scale, dq, q0,
+                 bp.dq_stride[2], bp.dq_stride[3]);
+    }
+    BlockScatter(d, g, S, s.dot + col, plan.ev_pad, s.dvt + col);  // dV^T += P dO^T
+    BlockScatter(d, g, G, s.qt + col, plan.e_pad, s.dkt + col);    // dK^T += dS Q^T (Q scaled)
+  }
+}
+
+// Makes keys [lo, hi) of head bh packed in s, with zero sums: keeps those already there from the
+// same head's walk (K^T and V^T, and the sums of keys not yet written out), moving them to the
+// front when the planes would overflow, and packs the rest. Anything else starts over (every
+// sum the planes held has been written out by then).
+template <typename T, typename IO>
+HWY_INLINE void StreamGradKeys(const AttentionParams& p, const WindowGeometry<T>& g,
+                               std::int64_t bh, std::int64_t lo, std::int64_t hi,
+                               GradStream<T>& s) {
+  const std::int64_t b = bh / p.heads, h = bh % p.heads;
+  const std::int64_t N = p.len_k, L = g.lanes;
+  const size_t E = static_cast<size_t>(p.dim_qk), Ev = static_cast<size_t>(p.dim_v);
+  const std::int64_t aligned_lo = lo >= 0 ? lo / L * L : -((-lo + L - 1) / L) * L;
+  std::int64_t from = lo;  // first position to pack
+  if (s.bh == bh && lo >= s.lo && lo <= s.hi && hi >= s.hi) {
+    from = s.hi;
+    if (hi - s.origin > static_cast<std::int64_t>(s.ld)) {
+      // Move the kept keys [aligned_lo, s.hi) to the front.
+      const size_t shift = static_cast<size_t>(aligned_lo - s.origin);
+      const size_t keep = static_cast<size_t>(s.hi - aligned_lo);
+      for (T* plane : {s.kt, s.dkt}) {
+        for (size_t r = 0; r < E; ++r) {
+          T* row = plane + r * s.ld;
+          std::memmove(row, row + shift, keep * sizeof(T));
+        }
+      }
+      for (T* plane : {s.vt, s.dvt}) {
+        for (size_t r = 0; r < Ev; ++r) {
+          T* row = plane + r * s.ld;
+          std::memmove(row, row + shift, keep * sizeof(T));
+        }
+      }
+      s.origin = aligned_lo;
+    }
+  } else {
+    s.origin = aligned_lo;
+  }
+  StreamRows(static_cast<const IO*>(p.k) + b * p.k_stride[0] + h * p.k_stride[1], p.k_stride, N,
+             from, hi, E, s.kt, s.ld, s.origin);
+  StreamRows(static_cast<const IO*>(p.v) + b * p.v_stride[0] + h * p.v_stride[1], p.v_stride, N,
+             from, hi, Ev, s.vt, s.ld, s.origin);
+  const size_t c0 = static_cast<size_t>(from - s.origin), c1 = static_cast<size_t>(hi - s.origin);
+  for (size_t r = 0; r < E; ++r) std::fill(s.dkt + r * s.ld + c0, s.dkt + r * s.ld + c1, T(0));
+  for (size_t r = 0; r < Ev; ++r) std::fill(s.dvt + r * s.ld + c0, s.dvt + r * s.ld + c1, T(0));
+  s.bh = bh;
+  s.lo = lo;
+  s.hi = hi;
+}
+
+// Packs the queries [p0, p1) of head bh into s: Q^T (scaled), dO^T, the lse and D.
+template <typename T, typename IO>
+HWY_INLINE void StreamGradQueries(const AttentionBackwardParams& bp, std::int64_t bh,
+                                  std::int64_t p0, std::int64_t p1, const GradStream<T>& s,
+                                  T* ot) {
+  const AttentionParams& p = bp.fwd;
+  const std::int64_t b = bh / p.heads, h = bh % p.heads, N = p.len_q;
+  const size_t E = static_cast<size_t>(p.dim_qk), Ev = static_cast<size_t>(p.dim_v);
+  auto head = [&](const void* base, const std::int64_t* stride) {
+    return static_cast<const IO*>(base) + b * stride[0] + h * stride[1];
+  };
+  StreamRows(head(p.q, p.q_stride), p.q_stride, N, p0, p1, E, s.qt, s.ld, s.origin,
+             static_cast<T>(p.scale));
+  StreamRows(head(bp.dout, bp.dout_stride), bp.dout_stride, N, p0, p1, Ev, s.dot, s.ld,
+             s.origin);
+  // D = rowsum(dO * O), vectorised over positions from O^T (Ev, band) in the scratch.
+  const size_t n = static_cast<size_t>(p1 - p0);
+  StreamRows(head(p.out, p.out_stride), p.out_stride, N, p0, p1, Ev, ot, n, p0);
+  const hn::ScalableTag<T> d;
+  const size_t L = hn::Lanes(d);  // n is a multiple of L (whole block rows)
+  T* delta = s.delta + (p0 - s.origin);
+  const T* dot = s.dot + (p0 - s.origin);
+  for (size_t c = 0; c < n; c += L) {
+    auto acc = hn::Zero(d);
+    for (size_t ev = 0; ev < Ev; ++ev) {
+      acc = hn::MulAdd(hn::LoadU(d, dot + ev * s.ld + c), hn::Load(d, ot + ev * n + c), acc);
+    }
+    hn::StoreU(acc, d, delta + c);
+  }
+  constexpr T kInf = std::numeric_limits<T>::infinity();
+  const T* lse = static_cast<const T*>(p.lse) + b * p.lse_stride[0] + h * p.lse_stride[1];
+  T* lse_row = s.lse + (p0 - s.origin);
+  for (std::int64_t q = p0; q < p1; ++q) {
+    const T l = q < N ? lse[q * p.lse_stride[2]] : -kInf;
+    lse_row[q - p0] = l == -kInf ? kInf : l;
+  }
+}
+
+// Writes the sums of keys [m0, m1) out of s: into the halo buffer `halo` (rows of `span`, its
+// column 0 at position halo_lo) when one is given, else into dK and dV for those inside the map.
+template <typename T, typename IO>
+HWY_INLINE void WriteGradKeys(const StreamBackwardPlan<T>& plan, const GradStream<T>& s,
+                              std::int64_t bh, std::int64_t m0, std::int64_t m1, T* halo,
+                              std::int64_t halo_lo) {
+  if (m0 >= m1) return;
+  const AttentionBackwardParams& bp = *plan.bp;
+  const AttentionParams& p = bp.fwd;
+  const size_t E = static_cast<size_t>(p.dim_qk), Ev = static_cast<size_t>(p.dim_v);
+  const size_t c0 = static_cast<size_t>(m0 - s.origin), n = static_cast<size_t>(m1 - m0);
+  if (halo != nullptr) {
+    const size_t span = static_cast<size_t>(plan.span), h0 = static_cast<size_t>(m0 - halo_lo);
+    for (size_t r = 0; r < E; ++r) {
+      std::copy_n(s.dkt + r * s.ld + c0, n, halo + r * span + h0);
+    }
+    for (size_t r = 0; r < Ev; ++r) {
+      std::copy_n(s.dvt + r * s.ld + c0, n, halo + (E + r) * span + h0);
+    }
+    return;
+  }
+  const std::int64_t n0 = std::max<std::int64_t>(m0, 0), n1 = std::min(m1, p.len_k);
+  if (n0 >= n1) return;
+  const std::int64_t b = bh / p.heads, h = bh % p.heads;
+  const size_t c = static_cast<size_t>(n0 - s.origin);
+  WriteRows(s.dkt + c, s.ld, n0, n1, p.dim_qk,
+            static_cast<IO*>(bp.dk) + offset4(bp.dk_stride, b, h, 0, 0), bp.dk_stride);
+  WriteRows(s.dvt + c, s.ld, n0, n1, p.dim_v,
+            static_cast<IO*>(bp.dv) + offset4(bp.dv_stride, b, h, 0, 0), bp.dv_stride);
+}
+
+// One segment of one head: its bands in order on this thread's planes.
+template <typename T, typename IO>
+void SegmentTask(void* ctx, std::int64_t task, int thread) {
+  const StreamBackwardPlan<T>& plan = *static_cast<const StreamBackwardPlan<T>*>(ctx);
+  const AttentionBackwardParams& bp = *plan.bp;
+  const AttentionParams& p = bp.fwd;
+  const WindowGeometry<T>& g = *plan.g;
+  const size_t L = VectorLanes<T>();
+  const std::int64_t bh = task / plan.segments, seg = task % plan.segments;
+  const std::int64_t first = seg * plan.bands_per_segment;
+  const std::int64_t last = std::min(first + plan.bands_per_segment, plan.bands);  // exclusive
+  const std::int64_t P0 = first * plan.band, P1 = last * plan.band;
+  // Keys below lead_end (seg > 0) are also the segment before's; from trail_begin on (all but
+  // the last segment) also the one after's.
+  const std::int64_t lead_end = seg > 0 ? plan.hi(P0) : std::numeric_limits<std::int64_t>::min();
+  const std::int64_t trail_begin =
+      seg + 1 < plan.segments ? plan.lo(P1) : std::numeric_limits<std::int64_t>::max();
+  GradStream<T>& s = plan.streams[thread];
+  const BlockScratch<T> arrays(plan.scratch + static_cast<size_t>(thread) * plan.scratch_elems,
+                               static_cast<size_t>(g.count), plan.e_pad, plan.ev_pad,
+                               static_cast<size_t>(plan.band), L);
+  std::fill(arrays.scale, arrays.scale + L, static_cast<T>(p.scale));  // dQ = scale dS K
+  std::int64_t written = plan.lo(P0);  // keys below are written out
+  for (std::int64_t band = first; band < last; ++band) {
+    const std::int64_t p0 = band * plan.band, p1 = p0 + plan.band;
+    StreamGradKeys<T, IO>(p, g, bh, plan.lo(p0), plan.hi(p1), s);
+    StreamGradQueries<T, IO>(bp, bh, p0, p1, s, arrays.ot);
+    for (std::int64_t c = 0; c < g.block_stride / g.lanes; ++c) {
+      const BlockWalk walk(g, 0, c, band * plan.blocks_per_band, plan.blocks_per_band, bh,
+                           p.heads);
+      ScatterBlocks<T, IO>(plan, s, walk, arrays);
+    }
+    // Keys below lo(p1) are past every later band's reach.
+    const std::int64_t done = band + 1 < last ? plan.lo(p1) : plan.hi(P1);
+    const std::int64_t to_lead = std::min(done, lead_end), to_out = std::min(done, trail_begin);
+    if (written < to_lead) {
+      WriteGradKeys<T, IO>(plan, s, bh, written, to_lead, plan.halo(bh, seg - 1, 1), plan.lo(P0));
+      written = to_lead;
+    }
+    if (written < to_out) {
+      WriteGradKeys<T, IO>(plan, s, bh, written, to_out, nullptr, 0);
+      written = to_out;
+    }
+    if (written < done) {
+      WriteGradKeys<T, IO>(plan, s, bh, written, done, plan.halo(bh, seg, 0), plan.lo(P1));
+      written = done;
+    }
+  }
+  // The next segment, should this thread run it, starts its sums of the shared keys from zero.
+  if (seg + 1 < plan.segments) {
+    const size_t c0 = static_cast<size_t>(trail_begin - s.origin);
+    const size_t c1 = static_cast<size_t>(plan.hi(P1) - s.origin);
+    for (size_t r = 0; r < static_cast<size_t>(p.dim_qk); ++r) {
+      std::fill(s.dkt + r * s.ld + c0, s.dkt + r * s.ld + c1, T(0));
+    }
+    for (size_t r = 0; r < static_cast<size_t>(p.dim_v); ++r) {
+      std::fill(s.dvt + r * s.ld + c0, s.dvt + r * s.ld + c1, T(0));
+    }
+  }
+}
+
+// dK and dV of the keys around one boundary: the trailing sum plus the leading one.
+template <typename T, typename IO>
+void HaloTask(void* ctx, std::int64_t task, int /*thread*/) {
+  const StreamBackwardPlan<T>& plan = *static_cast<const StreamBackwardPlan<T>*>(ctx);
+  const AttentionBackwardParams& bp = *plan.bp;
+  const AttentionParams& p = bp.fwd;
+  const std::int64_t bh = task / (plan.segments - 1), k = task % (plan.segments - 1);
+  const std::int64_t B = (k + 1) * plan.bands_per_segment * plan.band;
+  const std::int64_t lo = plan.lo(B);
+  const std::int64_t n0 = std::max<std::int64_t>(lo, 0), n1 = std::min(plan.hi(B), p.len_k);
+  if (n0 >= n1) return;
+  T* sum = plan.halo(bh, k, 0);
+  const T* lead = plan.halo(bh, k, 1);
+  const size_t span = static_cast<size_t>(plan.span), c0 = static_cast<size_t>(n0 - lo);
+  const size_t c1 = static_cast<size_t>(n1 - lo);
+  for (size_t r = 0; r < static_cast<size_t>(p.dim_qk + p.dim_v); ++r) {
+    for (size_t c = c0; c < c1; ++c) sum[r * span + c] += lead[r * span + c];
+  }
+  const std::int64_t b = bh / p.heads, h = bh % p.heads;
+  WriteRows(sum + c0, span, n0, n1, p.dim_qk,
+            static_cast<IO*>(bp.dk) + offset4(bp.dk_stride, b, h, 0, 0), bp.dk_stride);
+  WriteRows(sum + static_cast<size_t>(p.dim_qk) * span + c0, span, n0, n1, p.dim_v,
+            static_cast<IO*>(bp.dv) + offset4(bp.dv_stride, b, h, 0, 0), bp.dv_stride);
+}
+
+// Segments a head wants so that a problem of few heads still gives the threads work: 8 tasks
+// at least, where the halo costs allow (a segment spans 2 halos' worth of keys at least).
+constexpr std::int64_t kMinSegmentTasks = 8;
+
+template <typename T, typename IO>
+Status StreamBackward(const AttentionBackwardParams& bp, const Host& host,
+                      const WindowGeometry<T>& g, size_t e_pad, size_t ev_pad) {
+  const AttentionParams& p = bp.fwd;
+  const size_t L = VectorLanes<T>(), count = static_cast<size_t>(g.count);
+  const int threads = std::max(host.num_threads, 1);
+  const std::int64_t pairs = p.batch * p.heads;
+  StreamBackwardPlan<T> plan;
+  plan.bp = &bp;
+  plan.e_pad = e_pad;
+  plan.ev_pad = ev_pad;
+  // L2 holds the keys a band reaches, with their sums: 2 (e_pad + ev_pad) rows; two block rows at
+  // least (the header says why).
+  plan.blocks_per_band = std::max<std::int64_t>(
+      2, StreamBlocksPerBand(g, static_cast<std::int64_t>(2 * (e_pad + ev_pad) * sizeof(T))));
+  plan.band = plan.blocks_per_band * static_cast<std::int64_t>(kBlockRows) * g.block_stride;
+  plan.bands = (BlocksPerStrip(g) + plan.blocks_per_band - 1) / plan.blocks_per_band;
+  plan.span = StreamHi(g, 0) - StreamLo(g, 0);
+  const std::int64_t min_bands =
+      std::max<std::int64_t>(1, (2 * plan.span + plan.band - 1) / plan.band);
+  const std::int64_t wanted = (kMinSegmentTasks + pairs - 1) / pairs;
+  plan.bands_per_segment = std::max(min_bands, (plan.bands + wanted - 1) / wanted);
+  plan.segments = (plan.bands + plan.bands_per_segment - 1) / plan.bands_per_segment;
+  const size_t ld = KeyStream<T>::RowLength(g, plan.band);
+  const size_t plane_elems = ScratchCarver<T>::padded(GradStream<T>::Elems(ld, e_pad, ev_pad));
+  plan.scratch_elems = BlockScratch<T>(nullptr, count, e_pad, ev_pad,
+                                       static_cast<size_t>(plan.band), L).elems;
+  const size_t halo_elems = static_cast<size_t>(pairs * (plan.segments - 1) * 2 *
+                                                (p.dim_qk + p.dim_v) * plan.span);
+  const size_t elems = (plane_elems + plan.scratch_elems) * static_cast<size_t>(threads) +
+                       halo_elems;
+  Workspace ws(host);
+  if (!ws.allocate(elems * sizeof(T))) {
+    return Status::OutOfMemory("attention_backward (window): the host could not allocate " +
+                               std::to_string(elems * sizeof(T)) + " bytes of workspace");
+  }
+  T* planes = reinterpret_cast<T*>(ws.data());
+  plan.scratch = planes + plane_elems * static_cast<size_t>(threads);
+  plan.halos = plan.scratch + plan.scratch_elems * static_cast<size_t>(threads);
+  std::vector<GradStream<T>> streams(static_cast<size_t>(threads));
+  for (size_t t = 0; t < streams.size(); ++t) {
+    streams[t].Carve(planes + t * plane_elems, ld, static_cast<size_t>(p.dim_qk), e_pad,
+                     static_cast<size_t>(p.dim_v), ev_pad);
+  }
+  plan.streams = streams.data();
+  // The kernels read rows ld apart from the geometry.
+  WindowGeometry<T> gs = g;
+  gs.ld = static_cast<std::int64_t>(ld);
+  plan.g = &gs;
+  run_tasks(host, pairs * plan.segments, &plan, SegmentTask<T, IO>);
+  if (plan.segments > 1) run_tasks(host, pairs * (plan.segments - 1), &plan, HaloTask<T, IO>);
+  return Status::Ok();
+}
+
+template <typename T, typename IO>
+Status WindowBackward(const AttentionBackwardParams& bp, const Host& host) {
+  const AttentionParams& p = bp.fwd;
+  if (p.batch == 0 || p.heads == 0 || p.len_q == 0) return Status::Ok();
+  const WindowGeometry<T> g(*p.window, static_cast<std::int64_t>(VectorLanes<T>()), kBlockRows,
+                            kBlockOffsets);
+  const size_t e_pad = static_cast<size_t>(round_up(std::max<std::int64_t>(p.dim_qk, 1), 4));
+  const size_t ev_pad = static_cast<size_t>(round_up(std::max<std::int64_t>(p.dim_v, 1), 4));
+  if (g.block_rows > 1) return StreamBackward<T, IO>(bp, host, g, e_pad, ev_pad);
+  return WholeHeadBackward<T, IO>(bp, host, g, e_pad, ev_pad);
 }
 
 ATTN2D_DTYPE_INSTANCES(WindowBackward, WindowBackward, AttentionBackwardParams)

@@ -182,6 +182,22 @@ TEST_P(WindowAttention, WindowsOnOneSideOfTheQueryMatchTheDenseMaskOracle) {
   expect_window_matches_dense<double>(1, 3, 5, 7, above, Layout::kChannelsFirst, 32);
 }
 
+TEST_P(WindowAttention, StreamedSegmentsMatchTheDenseMaskOracle) {
+  // The blocked backward walks each head in segments whose shared keys are summed apart and
+  // added at the end (window_backward_cpu.cc, StreamBackward). One head of 64 x 32 pixels gives
+  // bands of 2 block rows (256 queries) and a segment per band under a 3 x 3 window (7
+  // boundaries), per 2 bands under a 7 x 7 diamond; a window below the query (no offset 0)
+  // shares keys only past each boundary; 61 rows leave the last band partly past the map.
+  expect_window_matches_dense<float>(1, 1, 64, 32, 16, 16, 3, Shape::kSquare, 1,
+                                     Layout::kContiguous, 41);
+  expect_window_matches_dense<double>(1, 1, 64, 32, 5, 9, 7, Shape::kDiamond, 1,
+                                      Layout::kChannelsFirst, 42);
+  expect_window_matches_dense<float>(1, 2, 61, 32, 7, 3, 5, Shape::kDisk, 2,
+                                     Layout::kSequenceMajor, 43);
+  const Offsets below(64, 32, {2, 3, 4, 2, 3, 4}, {-1, -1, -1, 3, 3, 3});
+  expect_window_matches_dense<float>(1, 1, 8, 16, below, Layout::kContiguous, 44);
+}
+
 TEST_P(WindowAttention, RandomWindowsMatchTheDenseMaskOracle) {
   // Seeded draws of everything at once, on every compiled target (the Python suite runs only
   // the best one): maps of 1-32 rows, widths of 1-33 or a multiple of 16 (the blocked kernels),
