@@ -382,11 +382,9 @@ struct BlockScratch {
 // for a row that saw no key and past the last query, so that P = exp(S - lse) is 0 there) and
 // D = rowsum(dO * O), in the same columns (the kernels read both at one column and ld).
 template <typename T>
-struct GradStream {
+struct GradStream : StreamSpan {
   T *kt, *vt, *dkt, *dvt;      // (e_pad, ld), (ev_pad, ld), (e_pad, ld), (ev_pad, ld)
   T *qt, *dot, *lse, *delta;   // (e_pad, ld), (ev_pad, ld), (1, ld), (1, ld)
-  size_t ld = 0;
-  std::int64_t bh = -1, origin = 0, lo = 0, hi = 0;
 
   static size_t Elems(size_t ld, size_t e_pad, size_t ev_pad) {
     return (3 * e_pad + 3 * ev_pad + 2) * ld;
@@ -501,31 +499,8 @@ HWY_INLINE void StreamGradKeys(const AttentionParams& p, const WindowGeometry<T>
   const std::int64_t b = bh / p.heads, h = bh % p.heads;
   const std::int64_t N = p.len_k, L = g.lanes;
   const size_t E = static_cast<size_t>(p.dim_qk), Ev = static_cast<size_t>(p.dim_v);
-  const std::int64_t aligned_lo = lo >= 0 ? lo / L * L : -((-lo + L - 1) / L) * L;
-  std::int64_t from = lo;  // first position to pack
-  if (s.bh == bh && lo >= s.lo && lo <= s.hi && hi >= s.hi) {
-    from = s.hi;
-    if (hi - s.origin > static_cast<std::int64_t>(s.ld)) {
-      // Move the kept keys [aligned_lo, s.hi) to the front.
-      const size_t shift = static_cast<size_t>(aligned_lo - s.origin);
-      const size_t keep = static_cast<size_t>(s.hi - aligned_lo);
-      for (T* plane : {s.kt, s.dkt}) {
-        for (size_t r = 0; r < E; ++r) {
-          T* row = plane + r * s.ld;
-          std::memmove(row, row + shift, keep * sizeof(T));
-        }
-      }
-      for (T* plane : {s.vt, s.dvt}) {
-        for (size_t r = 0; r < Ev; ++r) {
-          T* row = plane + r * s.ld;
-          std::memmove(row, row + shift, keep * sizeof(T));
-        }
-      }
-      s.origin = aligned_lo;
-    }
-  } else {
-    s.origin = aligned_lo;
-  }
+  const std::int64_t from =
+      SlideStream<T>(s, L, bh, lo, hi, {{s.kt, E}, {s.dkt, E}, {s.vt, Ev}, {s.dvt, Ev}});
   StreamRows(static_cast<const IO*>(p.k) + b * p.k_stride[0] + h * p.k_stride[1], p.k_stride, N,
              from, hi, E, s.kt, s.ld, s.origin);
   StreamRows(static_cast<const IO*>(p.v) + b * p.v_stride[0] + h * p.v_stride[1], p.v_stride, N,
@@ -533,9 +508,6 @@ HWY_INLINE void StreamGradKeys(const AttentionParams& p, const WindowGeometry<T>
   const size_t c0 = static_cast<size_t>(from - s.origin), c1 = static_cast<size_t>(hi - s.origin);
   for (size_t r = 0; r < E; ++r) std::fill(s.dkt + r * s.ld + c0, s.dkt + r * s.ld + c1, T(0));
   for (size_t r = 0; r < Ev; ++r) std::fill(s.dvt + r * s.ld + c0, s.dvt + r * s.ld + c1, T(0));
-  s.bh = bh;
-  s.lo = lo;
-  s.hi = hi;
 }
 
 // Packs the queries [p0, p1) of head bh into s: Q^T (scaled), dO^T, the lse and D.

@@ -20,6 +20,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
+#include <utility>
 
 #include "attn2d/attention_params.h"
 #include "cpu/window_geometry.h"
@@ -64,16 +66,54 @@ std::int64_t StreamHi(const WindowGeometry<T>& g, std::int64_t p1) {
   return p1 + std::max<std::int64_t>(g.off_max, 0);
 }
 
+// Which positions a thread's planes hold: [lo, hi) of head bh (batch * heads + head), at
+// columns n - origin of rows ld long.
+struct StreamSpan {
+  size_t ld = 0;
+  std::int64_t bh = -1, origin = 0, lo = 0, hi = 0;
+};
+
+// Readies planes spanned by s for positions [lo, hi) of head bh and returns the first position
+// left to pack: keeps the positions already there from the same head's walk (lo and hi only
+// grow along it), moving the rows of `planes` ({first row, rows}; each row ld long) to the front
+// when hi would overflow them; anything else starts over (returns lo).
+template <typename T>
+HWY_INLINE std::int64_t SlideStream(StreamSpan& s, std::int64_t L, std::int64_t bh,
+                                    std::int64_t lo, std::int64_t hi,
+                                    std::initializer_list<std::pair<T*, size_t>> planes) {
+  const std::int64_t aligned_lo = lo >= 0 ? lo / L * L : -((-lo + L - 1) / L) * L;
+  std::int64_t from = lo;
+  if (s.bh == bh && lo >= s.lo && lo <= s.hi && hi >= s.hi) {
+    from = s.hi;
+    if (hi - s.origin > static_cast<std::int64_t>(s.ld)) {
+      // Move the kept positions [aligned_lo, s.hi) to the front.
+      const size_t shift = static_cast<size_t>(aligned_lo - s.origin);
+      const size_t keep = static_cast<size_t>(s.hi - aligned_lo);
+      for (const auto& [first, rows] : planes) {
+        for (size_t r = 0; r < rows; ++r) {
+          T* row = first + r * s.ld;
+          std::memmove(row, row + shift, keep * sizeof(T));
+        }
+      }
+      s.origin = aligned_lo;
+    }
+  } else {
+    s.origin = aligned_lo;
+  }
+  s.bh = bh;
+  s.lo = lo;
+  s.hi = hi;
+  return from;
+}
+
 // One thread's planes: Q^T (scaled), K^T and V^T, each (rows, ld) with position n at local
 // column n - origin. Positions [lo, hi) of head `bh`'s keys are packed; positions outside the
 // map hold zeros, as the whole-head planes' margins do.
 template <typename T>
-struct KeyStream {
+struct KeyStream : StreamSpan {
   T* qt = nullptr;  // (e_pad, ld)
   T* kt = nullptr;  // (e_pad, ld)
   T* vt = nullptr;  // (ev_pad, ld)
-  size_t ld = 0;
-  std::int64_t bh = -1, origin = 0, lo = 0, hi = 0;
 
   // Elements of one thread's planes, for bands of `band` positions under geometry g: the band,
   // its keys' reach and a vector on each side, twice over, so that the kept keys are moved to
@@ -107,32 +147,9 @@ HWY_INLINE void StreamKeys(const AttentionParams& p, const WindowGeometry<T>& g,
   const size_t E = static_cast<size_t>(p.dim_qk), Ev = static_cast<size_t>(p.dim_v);
   const IO* k = static_cast<const IO*>(p.k) + b * p.k_stride[0] + h * p.k_stride[1];
   const IO* v = static_cast<const IO*>(p.v) + b * p.v_stride[0] + h * p.v_stride[1];
-  const std::int64_t aligned_lo = lo >= 0 ? lo / L * L : -((-lo + L - 1) / L) * L;
-  std::int64_t from = lo;  // first position to pack
-  if (s.bh == bh && lo >= s.lo && lo <= s.hi && hi >= s.hi) {
-    from = s.hi;
-    if (hi - s.origin > static_cast<std::int64_t>(s.ld)) {
-      // Move the kept keys [lo, s.hi) to the front (aligned_lo - origin elements earlier).
-      const size_t shift = static_cast<size_t>(aligned_lo - s.origin);
-      const size_t keep = static_cast<size_t>(s.hi - aligned_lo);
-      for (size_t r = 0; r < E; ++r) {
-        T* row = s.kt + r * s.ld;
-        std::memmove(row, row + shift, keep * sizeof(T));
-      }
-      for (size_t r = 0; r < Ev; ++r) {
-        T* row = s.vt + r * s.ld;
-        std::memmove(row, row + shift, keep * sizeof(T));
-      }
-      s.origin = aligned_lo;
-    }
-  } else {
-    s.origin = aligned_lo;
-  }
+  const std::int64_t from = SlideStream<T>(s, L, bh, lo, hi, {{s.kt, E}, {s.vt, Ev}});
   StreamRows(k, p.k_stride, N, from, hi, E, s.kt, s.ld, s.origin);
   StreamRows(v, p.v_stride, N, from, hi, Ev, s.vt, s.ld, s.origin);
-  s.bh = bh;
-  s.lo = lo;
-  s.hi = hi;
 }
 
 }  // namespace HWY_NAMESPACE
