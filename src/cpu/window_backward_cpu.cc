@@ -46,6 +46,7 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -424,9 +425,14 @@ struct StreamBackwardPlan {
   std::int64_t bands;                  // per head
   std::int64_t bands_per_segment, segments;
   std::int64_t span;
-  GradStream<T>* streams;  // (threads,)
-  T* scratch;              // (threads, scratch_elems) BlockScratch
+  // Planes and scratch for the threads that run segments: at most one a task, however many
+  // threads the host has (64 threads would otherwise hold 64 x 4.5 MB of planes at 256x256,
+  // E = Ev = 16, for the 8 tasks of 4 heads). A thread claims its slot at its first task.
+  GradStream<T>* streams;  // (slots,)
+  T* scratch;              // (slots, scratch_elems) BlockScratch
   size_t scratch_elems;
+  std::int64_t* slot_of;             // (threads,) the thread's slot, or -1
+  std::atomic<std::int64_t>* slots_taken;
   T* halos;  // (pairs, segments - 1, 2, E + Ev, span): per boundary, the trailing then leading sums
 
   std::int64_t lo(std::int64_t p0) const { return StreamLo(*g, p0); }
@@ -596,8 +602,10 @@ void SegmentTask(void* ctx, std::int64_t task, int thread) {
   const std::int64_t lead_end = seg > 0 ? plan.hi(P0) : std::numeric_limits<std::int64_t>::min();
   const std::int64_t trail_begin =
       seg + 1 < plan.segments ? plan.lo(P1) : std::numeric_limits<std::int64_t>::max();
-  GradStream<T>& s = plan.streams[thread];
-  const BlockScratch<T> arrays(plan.scratch + static_cast<size_t>(thread) * plan.scratch_elems,
+  std::int64_t& slot = plan.slot_of[thread];
+  if (slot < 0) slot = (*plan.slots_taken)++;
+  GradStream<T>& s = plan.streams[slot];
+  const BlockScratch<T> arrays(plan.scratch + static_cast<size_t>(slot) * plan.scratch_elems,
                                static_cast<size_t>(g.count), plan.e_pad, plan.ev_pad,
                                static_cast<size_t>(plan.band), L);
   std::fill(arrays.scale, arrays.scale + L, static_cast<T>(p.scale));  // dQ = scale dS K
@@ -698,7 +706,8 @@ Status StreamBackward(const AttentionBackwardParams& bp, const Host& host,
                                        static_cast<size_t>(plan.band), L).elems;
   const size_t halo_elems = static_cast<size_t>(pairs * (plan.segments - 1) * 2 *
                                                 (p.dim_qk + p.dim_v) * plan.span);
-  const size_t elems = (plane_elems + plan.scratch_elems) * static_cast<size_t>(threads) +
+  const std::int64_t slots = std::min<std::int64_t>(threads, pairs * plan.segments);
+  const size_t elems = (plane_elems + plan.scratch_elems) * static_cast<size_t>(slots) +
                        halo_elems;
   Workspace ws(host);
   if (!ws.allocate(elems * sizeof(T))) {
@@ -706,9 +715,13 @@ Status StreamBackward(const AttentionBackwardParams& bp, const Host& host,
                                std::to_string(elems * sizeof(T)) + " bytes of workspace");
   }
   T* planes = reinterpret_cast<T*>(ws.data());
-  plan.scratch = planes + plane_elems * static_cast<size_t>(threads);
-  plan.halos = plan.scratch + plan.scratch_elems * static_cast<size_t>(threads);
-  std::vector<GradStream<T>> streams(static_cast<size_t>(threads));
+  plan.scratch = planes + plane_elems * static_cast<size_t>(slots);
+  plan.halos = plan.scratch + plan.scratch_elems * static_cast<size_t>(slots);
+  std::vector<GradStream<T>> streams(static_cast<size_t>(slots));
+  std::vector<std::int64_t> slot_of(static_cast<size_t>(threads), -1);
+  std::atomic<std::int64_t> slots_taken{0};
+  plan.slot_of = slot_of.data();
+  plan.slots_taken = &slots_taken;
   for (size_t t = 0; t < streams.size(); ++t) {
     streams[t].Carve(planes + t * plane_elems, ld, static_cast<size_t>(p.dim_qk), e_pad,
                      static_cast<size_t>(p.dim_v), ev_pad);

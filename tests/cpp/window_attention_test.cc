@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <new>
 #include <random>
 #include <string>
 #include <utility>
@@ -258,6 +260,38 @@ TEST_P(WindowAttention, RowsThatSeeNoKeyGiveZeroOutputAndGradients) {
     }
     EXPECT_EQ(ours.out.at(0, 1, n, 0), 0.0f) << "query " << n;
   }
+}
+
+// The size of the host's last allocation (the backward's workspace, allocated after the
+// forward's).
+std::size_t last_allocation = 0;
+
+Host recording_host(int threads) {
+  Host host = thread_host(threads);
+  host.allocate = [](void*, std::size_t bytes) -> void* {
+    last_allocation = bytes;
+    return ::operator new(bytes, std::align_val_t{64}, std::nothrow);
+  };
+  return host;
+}
+
+TEST(WindowBackwardWorkspace, DoesNotGrowWithIdleThreads) {
+  // One 64 x 32 head under a 3 x 3 window: 8 segments, so 8 tasks. The blocked backward keeps
+  // planes (~0.2 MB each here) for the threads that run a task, not for every thread the host
+  // has, and the sums do not depend on either.
+  const Offsets win(64, 32, 3, Shape::kSquare, 1);
+  const auto pr = make_problem<float>(1, 1, 64 * 32, 64 * 32, 16, 16, Layout::kContiguous, 51);
+  const Result<float> few = run(pr, Backend::kCpu, recording_host(8),
+                                reference::Precision::kFloat64, &win.view);
+  const std::size_t few_bytes = last_allocation;
+  const Result<float> many = run(pr, Backend::kCpu, recording_host(64),
+                                 reference::Precision::kFloat64, &win.view);
+  ASSERT_TRUE(many.backward_status.ok()) << many.backward_status.message();
+  EXPECT_EQ(last_allocation, few_bytes);
+  EXPECT_GT(few_bytes, std::size_t{0});
+  EXPECT_EQ(max_abs_diff(few.dk, many.dk), 0.0);
+  EXPECT_EQ(max_abs_diff(few.dv, many.dv), 0.0);
+  EXPECT_EQ(max_abs_diff(few.dq, many.dq), 0.0);
 }
 
 TEST(WindowValidation, MalformedWindowsAreInvalidArguments) {
