@@ -59,13 +59,22 @@ def _worker(rank: int, world: int, port: int, result_path: str) -> None:
         # rank could exit mid-teardown and abort ("terminate called without an active
         # exception"), 1 CI run in ~8 on the loaded 2-core VM.
         dist.barrier()
+        # Past this point a rank only tears gloo down; the barrier did not make that abort
+        # impossible (it recurred in session 22's CI, with compiles running beside it).
+        open(f"{result_path}.done{rank}", "w").close()
     finally:
         dist.destroy_process_group()
 
 
 def test_two_process_ddp_keeps_parameters_equal(tmp_path):
     result = str(tmp_path / "ddp.pt")
-    mp.spawn(_worker, args=(2, _free_port(), result), nprocs=2, join=True)
+    try:
+        mp.spawn(_worker, args=(2, _free_port(), result), nprocs=2, join=True)
+    except mp.ProcessExitedException:
+        # A rank killed by a signal after both ranks finished every collective died in gloo's
+        # teardown, not in anything this test checks; any earlier death still fails the test.
+        if not all(os.path.exists(f"{result}.done{rank}") for rank in range(2)):
+            raise
     report = torch.load(result)
     assert len(report) == 4
     for index, difference, moved in report:
