@@ -3,8 +3,10 @@
 
 #include <cstddef>
 #include <new>
+#include <string>
 
 #include "attn2d/host.h"
+#include "attn2d/status.h"
 
 namespace attn2d {
 
@@ -28,6 +30,13 @@ class Workspace {
     ptr_ = host_.allocate != nullptr ? host_.allocate(host_.ctx, bytes)
                                      : ::operator new(bytes, std::align_val_t{64}, std::nothrow);
     return ptr_ != nullptr;
+  }
+
+  // allocate(bytes), or an OutOfMemory status naming the op when the host refused.
+  Status reserve(std::size_t bytes, const char* op) {
+    if (allocate(bytes)) return Status::Ok();
+    return Status::OutOfMemory(std::string(op) + ": the host could not allocate " +
+                               std::to_string(bytes) + " bytes of workspace");
   }
 
   unsigned char* data() const { return static_cast<unsigned char*>(ptr_); }

@@ -963,10 +963,8 @@ Status Backward(const AttentionBackwardParams& bp, const Host& host) {
                        gathered_elems + delta_elems;
   const size_t bytes = elems * sizeof(T);
   Workspace ws(host);
-  if (!ws.allocate(bytes)) {
-    return Status::OutOfMemory("attention_backward: the host could not allocate " +
-                               std::to_string(bytes) + " bytes of workspace");
-  }
+  const Status reserved = ws.reserve(bytes, "attention_backward");
+  if (!reserved.ok()) return reserved;
   plan.workspace = reinterpret_cast<T*>(ws.data());
   plan.dq_shares = plan.workspace + plan.scratch_elems * static_cast<size_t>(threads);
   if (gather) plan.gathered = plan.dq_shares + share_total;

@@ -474,11 +474,9 @@ Status Forward(const AttentionParams& p, const Host& host) {
 #endif
   plan.scratch_elems = plan.carve(nullptr).elems;
   Workspace ws(host);
-  if (!ws.allocate(plan.scratch_elems * sizeof(T) * static_cast<size_t>(threads))) {
-    return Status::OutOfMemory("attention_forward: the host could not allocate " +
-                               std::to_string(plan.scratch_elems * sizeof(T) * threads) +
-                               " bytes of workspace");
-  }
+  const Status reserved = ws.reserve(plan.scratch_elems * sizeof(T) * static_cast<size_t>(threads),
+                                     "attention_forward");
+  if (!reserved.ok()) return reserved;
   plan.workspace = reinterpret_cast<T*>(ws.data());
   run_tasks(host, p.batch * p.heads * plan.q_tiles, &plan,
             p.layout != nullptr ? SparseForwardTask<T, IO> : ForwardTask<T, IO>);

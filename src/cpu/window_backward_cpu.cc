@@ -121,6 +121,39 @@ struct WindowBackwardPlan {
   T* dvt(std::int64_t slot) const { return dkt(slot) + e_pad * ld(); }
 };
 
+// delta[c] = sum over rows ev < Ev of dot[ev * dot_ld + c] * ot[ev * ot_ld + c] for c < n:
+// D = rowsum(dO * O), a vector of positions at a time, from the packed dO^T and O^T.
+template <typename T>
+HWY_INLINE void RowsumOfProducts(const T* dot, size_t dot_ld, const T* ot, size_t ot_ld,
+                                 size_t Ev, size_t n, T* delta) {
+  const hn::ScalableTag<T> d;
+  const size_t L = hn::Lanes(d), n_end = n / L * L;
+  for (size_t c = 0; c < n_end; c += L) {
+    auto acc = hn::Zero(d);
+    for (size_t ev = 0; ev < Ev; ++ev) {
+      acc = hn::MulAdd(hn::LoadU(d, dot + ev * dot_ld + c), hn::LoadU(d, ot + ev * ot_ld + c), acc);
+    }
+    hn::StoreU(acc, d, delta + c);
+  }
+  for (size_t c = n_end; c < n; ++c) {
+    T D = 0;
+    for (size_t ev = 0; ev < Ev; ++ev) D += dot[ev * dot_ld + c] * ot[ev * ot_ld + c];
+    delta[c] = D;
+  }
+}
+
+// dst[q - p0] = the lse of query q (lse at q * stride) for q in [p0, p1): +inf for a row that
+// saw no key (lse -inf) and for q >= N, so that P = exp(S - lse) is 0 there.
+template <typename T>
+HWY_INLINE void PackLse(const T* lse, std::int64_t stride, std::int64_t p0, std::int64_t p1,
+                        std::int64_t N, T* dst) {
+  constexpr T kInf = std::numeric_limits<T>::infinity();
+  for (std::int64_t q = p0; q < p1; ++q) {
+    const T l = q < N ? lse[q * stride] : -kInf;
+    dst[q - p0] = l == -kInf ? kInf : l;
+  }
+}
+
 template <typename T, typename IO>
 void BackwardPackTask(void* ctx, std::int64_t task, int thread) {
   const WindowBackwardPlan<T>& plan = *static_cast<const WindowBackwardPlan<T>*>(ctx);
@@ -149,36 +182,15 @@ void BackwardPackTask(void* ctx, std::int64_t task, int thread) {
     PackTransposed(head(p.out, p.out_stride) + n0 * p.out_stride[2], Rows{nullptr, 0, n},
                    p.out_stride[2], p.out_stride[3], Ev, ot, static_cast<size_t>(kPackChunk), n);
   }
-  const hn::ScalableTag<T> d;
-  const size_t L = hn::Lanes(d);
-  const size_t c0 = static_cast<size_t>(g.margin + n0), n_end = n / L * L;
-  T* delta = plan.delta(slot) + c0;
-  const T* dot = plan.dot(slot) + c0;
-  for (size_t c = 0; c < n_end; c += L) {
-    auto acc = hn::Zero(d);
-    for (size_t ev = 0; ev < Ev; ++ev) {
-      acc = hn::MulAdd(hn::LoadU(d, dot + ev * ld + c),
-                       hn::LoadU(d, ot + ev * static_cast<size_t>(kPackChunk) + c), acc);
-    }
-    hn::StoreU(acc, d, delta + c);
-  }
-  for (size_t c = n_end; c < n; ++c) {
-    T D = 0;
-    for (size_t ev = 0; ev < Ev; ++ev) {
-      D += dot[ev * ld + c] * ot[ev * static_cast<size_t>(kPackChunk) + c];
-    }
-    delta[c] = D;
-  }
+  const size_t c0 = static_cast<size_t>(g.margin + n0);
+  RowsumOfProducts(plan.dot(slot) + c0, ld, ot, static_cast<size_t>(kPackChunk), Ev, n,
+                   plan.delta(slot) + c0);
   FillWindowRows(g, n0, count, plan.e_pad, T(0), plan.dkt(slot));
   FillWindowRows(g, n0, count, plan.ev_pad, T(0), plan.dvt(slot));
-  FillWindowRows(g, n0, count, 1, std::numeric_limits<T>::infinity(), plan.lse(slot));
+  FillMargins(g, n0, count, 1, std::numeric_limits<T>::infinity(), plan.lse(slot));
   FillMargins(g, n0, count, 1, T(0), plan.delta(slot));
-  const T* lse = static_cast<const T*>(p.lse) + b * p.lse_stride[0] + h * p.lse_stride[1];
-  T* lse_row = plan.lse(slot) + g.margin;
-  for (std::int64_t n = n0; n < n0 + count; ++n) {
-    const T l = lse[n * p.lse_stride[2]];
-    if (l != -std::numeric_limits<T>::infinity()) lse_row[n] = l;
-  }
+  PackLse(static_cast<const T*>(p.lse) + b * p.lse_stride[0] + h * p.lse_stride[1],
+          p.lse_stride[2], n0, n0 + count, p.len_q, plan.lse(slot) + c0);
 }
 
 // One band of one head of the packed group: dQ of its queries, and their terms of dK and dV.
@@ -333,10 +345,8 @@ Status WholeHeadBackward(const AttentionBackwardParams& bp, const Host& host,
   const size_t elems = plan.head_elems * static_cast<size_t>(group) +
                        plan.scratch_elems * static_cast<size_t>(threads);
   Workspace ws(host);
-  if (!ws.allocate(elems * sizeof(T))) {
-    return Status::OutOfMemory("attention_backward (window): the host could not allocate " +
-                               std::to_string(elems * sizeof(T)) + " bytes of workspace");
-  }
+  const Status reserved = ws.reserve(elems * sizeof(T), "attention_backward (window)");
+  if (!reserved.ok()) return reserved;
   plan.packed = reinterpret_cast<T*>(ws.data());
   plan.scratch = plan.packed + plan.head_elems * static_cast<size_t>(group);
   for (plan.group_first = 0; plan.group_first < pairs; plan.group_first += group) {
@@ -534,24 +544,9 @@ HWY_INLINE void StreamGradQueries(const AttentionBackwardParams& bp, std::int64_
   // D = rowsum(dO * O), vectorised over positions from O^T (Ev, band) in the scratch.
   const size_t n = static_cast<size_t>(p1 - p0);
   StreamRows(head(p.out, p.out_stride), p.out_stride, N, p0, p1, Ev, ot, n, p0);
-  const hn::ScalableTag<T> d;
-  const size_t L = hn::Lanes(d);  // n is a multiple of L (whole block rows)
-  T* delta = s.delta + (p0 - s.origin);
-  const T* dot = s.dot + (p0 - s.origin);
-  for (size_t c = 0; c < n; c += L) {
-    auto acc = hn::Zero(d);
-    for (size_t ev = 0; ev < Ev; ++ev) {
-      acc = hn::MulAdd(hn::LoadU(d, dot + ev * s.ld + c), hn::Load(d, ot + ev * n + c), acc);
-    }
-    hn::StoreU(acc, d, delta + c);
-  }
-  constexpr T kInf = std::numeric_limits<T>::infinity();
-  const T* lse = static_cast<const T*>(p.lse) + b * p.lse_stride[0] + h * p.lse_stride[1];
-  T* lse_row = s.lse + (p0 - s.origin);
-  for (std::int64_t q = p0; q < p1; ++q) {
-    const T l = q < N ? lse[q * p.lse_stride[2]] : -kInf;
-    lse_row[q - p0] = l == -kInf ? kInf : l;
-  }
+  RowsumOfProducts(s.dot + (p0 - s.origin), s.ld, ot, n, Ev, n, s.delta + (p0 - s.origin));
+  PackLse(static_cast<const T*>(p.lse) + b * p.lse_stride[0] + h * p.lse_stride[1],
+          p.lse_stride[2], p0, p1, N, s.lse + (p0 - s.origin));
 }
 
 // Writes the sums of keys [m0, m1) out of s: into the halo buffer `halo` (rows of `span`, its
@@ -710,10 +705,8 @@ Status StreamBackward(const AttentionBackwardParams& bp, const Host& host,
   const size_t elems = (plane_elems + plan.scratch_elems) * static_cast<size_t>(slots) +
                        halo_elems;
   Workspace ws(host);
-  if (!ws.allocate(elems * sizeof(T))) {
-    return Status::OutOfMemory("attention_backward (window): the host could not allocate " +
-                               std::to_string(elems * sizeof(T)) + " bytes of workspace");
-  }
+  const Status reserved = ws.reserve(elems * sizeof(T), "attention_backward (window)");
+  if (!reserved.ok()) return reserved;
   T* planes = reinterpret_cast<T*>(ws.data());
   plan.scratch = planes + plane_elems * static_cast<size_t>(slots);
   plan.halos = plan.scratch + plan.scratch_elems * static_cast<size_t>(slots);

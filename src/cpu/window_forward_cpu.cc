@@ -270,10 +270,8 @@ Status StreamForward(const AttentionParams& p, const Host& host, const WindowGeo
                        ScratchCarver<T>::padded(kBlockRows * L) + 2 * ScratchCarver<T>::padded(L);
   const size_t elems = (plane_elems + plan.scratch_elems) * static_cast<size_t>(threads);
   Workspace ws(host);
-  if (!ws.allocate(elems * sizeof(T))) {
-    return Status::OutOfMemory("attention_forward (window): the host could not allocate " +
-                               std::to_string(elems * sizeof(T)) + " bytes of workspace");
-  }
+  const Status reserved = ws.reserve(elems * sizeof(T), "attention_forward (window)");
+  if (!reserved.ok()) return reserved;
   T* planes = reinterpret_cast<T*>(ws.data());
   plan.scratch = planes + plane_elems * static_cast<size_t>(threads);
   std::vector<KeyStream<T>> streams(static_cast<size_t>(threads));
@@ -321,10 +319,8 @@ Status WindowForward(const AttentionParams& p, const Host& host) {
   const size_t elems = plan.head_elems * static_cast<size_t>(group) +
                        plan.scratch_elems * static_cast<size_t>(threads);
   Workspace ws(host);
-  if (!ws.allocate(elems * sizeof(T))) {
-    return Status::OutOfMemory("attention_forward (window): the host could not allocate " +
-                               std::to_string(elems * sizeof(T)) + " bytes of workspace");
-  }
+  const Status reserved = ws.reserve(elems * sizeof(T), "attention_forward (window)");
+  if (!reserved.ok()) return reserved;
   plan.packed = reinterpret_cast<T*>(ws.data());
   plan.scratch = plan.packed + plan.head_elems * static_cast<size_t>(group);
   for (plan.group_first = 0; plan.group_first < pairs; plan.group_first += group) {
