@@ -154,6 +154,23 @@ HWY_INLINE void PackLse(const T* lse, std::int64_t stride, std::int64_t p0, std:
   }
 }
 
+// PackLse for the positions [p0, p1) of g's raster (p0 >= 0): pad columns and positions past
+// the map get +inf.
+template <typename T>
+HWY_INLINE void PackLse(const WindowGeometry<T>& g, const T* lse, std::int64_t stride,
+                        std::int64_t p0, std::int64_t p1, T* dst) {
+  if (g.pitch == g.width) {
+    PackLse(lse, stride, p0, p1, g.height * g.width, dst);
+    return;
+  }
+  const std::int64_t P = g.pitch;
+  for (std::int64_t i = p0 / P; i * P < p1; ++i) {
+    const std::int64_t a = std::max(p0, i * P), b = std::min(p1, i * P + P);
+    const std::int64_t pixels = i < g.height ? g.width : 0;  // row i's columns held by lse
+    PackLse(lse + i * g.width * stride, stride, a - i * P, b - i * P, pixels, dst + (a - p0));
+  }
+}
+
 template <typename T, typename IO>
 void BackwardPackTask(void* ctx, std::int64_t task, int thread) {
   const WindowBackwardPlan<T>& plan = *static_cast<const WindowBackwardPlan<T>*>(ctx);
@@ -281,6 +298,26 @@ HWY_INLINE void WriteRows(const T* src, size_t ld, std::int64_t n0, std::int64_t
       dst[n * stride[2] + e * stride[3]] =
           Store<IO>(src[static_cast<size_t>(e) * ld + static_cast<size_t>(n - n0)]);
     }
+  }
+}
+
+// WriteRows for the positions [n0, n1) of g's raster (src at n0's column): only those of
+// pixels in the map are written.
+template <typename T, typename IO>
+HWY_INLINE void WritePixels(const WindowGeometry<T>& g, const T* src, size_t ld,
+                            std::int64_t n0, std::int64_t n1, std::int64_t width, IO* dst,
+                            const std::int64_t* stride) {
+  const std::int64_t lo = std::max<std::int64_t>(n0, 0), hi = std::min(n1, g.positions());
+  if (g.pitch == g.width) {
+    if (lo < hi) WriteRows(src + (lo - n0), ld, lo, hi, width, dst, stride);
+    return;
+  }
+  const std::int64_t P = g.pitch;
+  for (std::int64_t i = lo / P; i * P < hi; ++i) {
+    const std::int64_t a = std::max(lo, i * P), b = std::min(hi, i * P + g.width);
+    if (a >= b) continue;
+    const std::int64_t t = g.tensor_position(a);
+    WriteRows(src + (a - n0), ld, t, t + (b - a), width, dst, stride);
   }
 }
 
@@ -494,10 +531,9 @@ void ScatterBlocks(const StreamBackwardPlan<T>& plan, const GradStream<T>& s,
     }
     for (size_t k = 0; k < R; ++k) {
       const std::int64_t q0 = walk.position(v0, k);
-      if (q0 >= p.len_q) break;
-      StoreLanes(d, acc + k * acc_ld, static_cast<size_t>(p.dim_qk),
-                 std::min<size_t>(L, static_cast<size_t>(p.len_q - q0)), arrays.scale, dq, q0,
-                 bp.dq_stride[2], bp.dq_stride[3]);
+      if (q0 >= g.positions()) break;
+      StoreLanes(d, acc + k * acc_ld, static_cast<size_t>(p.dim_qk), g.valid_lanes(q0),
+                 arrays.scale, dq, g.tensor_position(q0), bp.dq_stride[2], bp.dq_stride[3]);
     }
     BlockScatter(d, g, S, s.dot + col, plan.ev_pad, s.dvt + col);  // dV^T += P dO^T
     BlockScatter(d, g, G, s.qt + col, plan.e_pad, s.dkt + col);    // dK^T += dS Q^T (Q scaled)
@@ -513,14 +549,14 @@ HWY_INLINE void StreamGradKeys(const AttentionParams& p, const WindowGeometry<T>
                                std::int64_t bh, std::int64_t lo, std::int64_t hi,
                                GradStream<T>& s) {
   const std::int64_t b = bh / p.heads, h = bh % p.heads;
-  const std::int64_t N = p.len_k, L = g.lanes;
+  const std::int64_t L = g.lanes;
   const size_t E = static_cast<size_t>(p.dim_qk), Ev = static_cast<size_t>(p.dim_v);
   const std::int64_t from =
       SlideStream<T>(s, L, bh, lo, hi, {{s.kt, E}, {s.dkt, E}, {s.vt, Ev}, {s.dvt, Ev}});
-  StreamRows(static_cast<const IO*>(p.k) + b * p.k_stride[0] + h * p.k_stride[1], p.k_stride, N,
-             from, hi, E, s.kt, s.ld, s.origin);
-  StreamRows(static_cast<const IO*>(p.v) + b * p.v_stride[0] + h * p.v_stride[1], p.v_stride, N,
-             from, hi, Ev, s.vt, s.ld, s.origin);
+  StreamPixels(g, static_cast<const IO*>(p.k) + b * p.k_stride[0] + h * p.k_stride[1],
+               p.k_stride, from, hi, E, s.kt, s.ld, s.origin);
+  StreamPixels(g, static_cast<const IO*>(p.v) + b * p.v_stride[0] + h * p.v_stride[1],
+               p.v_stride, from, hi, Ev, s.vt, s.ld, s.origin);
   const size_t c0 = static_cast<size_t>(from - s.origin), c1 = static_cast<size_t>(hi - s.origin);
   for (size_t r = 0; r < E; ++r) std::fill(s.dkt + r * s.ld + c0, s.dkt + r * s.ld + c1, T(0));
   for (size_t r = 0; r < Ev; ++r) std::fill(s.dvt + r * s.ld + c0, s.dvt + r * s.ld + c1, T(0));
@@ -528,25 +564,25 @@ HWY_INLINE void StreamGradKeys(const AttentionParams& p, const WindowGeometry<T>
 
 // Packs the queries [p0, p1) of head bh into s: Q^T (scaled), dO^T, the lse and D.
 template <typename T, typename IO>
-HWY_INLINE void StreamGradQueries(const AttentionBackwardParams& bp, std::int64_t bh,
-                                  std::int64_t p0, std::int64_t p1, const GradStream<T>& s,
-                                  T* ot) {
+HWY_INLINE void StreamGradQueries(const AttentionBackwardParams& bp, const WindowGeometry<T>& g,
+                                  std::int64_t bh, std::int64_t p0, std::int64_t p1,
+                                  const GradStream<T>& s, T* ot) {
   const AttentionParams& p = bp.fwd;
-  const std::int64_t b = bh / p.heads, h = bh % p.heads, N = p.len_q;
+  const std::int64_t b = bh / p.heads, h = bh % p.heads;
   const size_t E = static_cast<size_t>(p.dim_qk), Ev = static_cast<size_t>(p.dim_v);
   auto head = [&](const void* base, const std::int64_t* stride) {
     return static_cast<const IO*>(base) + b * stride[0] + h * stride[1];
   };
-  StreamRows(head(p.q, p.q_stride), p.q_stride, N, p0, p1, E, s.qt, s.ld, s.origin,
-             static_cast<T>(p.scale));
-  StreamRows(head(bp.dout, bp.dout_stride), bp.dout_stride, N, p0, p1, Ev, s.dot, s.ld,
-             s.origin);
+  StreamPixels(g, head(p.q, p.q_stride), p.q_stride, p0, p1, E, s.qt, s.ld, s.origin,
+               static_cast<T>(p.scale));
+  StreamPixels(g, head(bp.dout, bp.dout_stride), bp.dout_stride, p0, p1, Ev, s.dot, s.ld,
+               s.origin);
   // D = rowsum(dO * O), vectorised over positions from O^T (Ev, band) in the scratch.
   const size_t n = static_cast<size_t>(p1 - p0);
-  StreamRows(head(p.out, p.out_stride), p.out_stride, N, p0, p1, Ev, ot, n, p0);
+  StreamPixels(g, head(p.out, p.out_stride), p.out_stride, p0, p1, Ev, ot, n, p0);
   RowsumOfProducts(s.dot + (p0 - s.origin), s.ld, ot, n, Ev, n, s.delta + (p0 - s.origin));
-  PackLse(static_cast<const T*>(p.lse) + b * p.lse_stride[0] + h * p.lse_stride[1],
-          p.lse_stride[2], p0, p1, N, s.lse + (p0 - s.origin));
+  PackLse(g, static_cast<const T*>(p.lse) + b * p.lse_stride[0] + h * p.lse_stride[1],
+          p.lse_stride[2], p0, p1, s.lse + (p0 - s.origin));
 }
 
 // Writes the sums of keys [m0, m1) out of s: into the halo buffer `halo` (rows of `span`, its
@@ -570,14 +606,11 @@ HWY_INLINE void WriteGradKeys(const StreamBackwardPlan<T>& plan, const GradStrea
     }
     return;
   }
-  const std::int64_t n0 = std::max<std::int64_t>(m0, 0), n1 = std::min(m1, p.len_k);
-  if (n0 >= n1) return;
   const std::int64_t b = bh / p.heads, h = bh % p.heads;
-  const size_t c = static_cast<size_t>(n0 - s.origin);
-  WriteRows(s.dkt + c, s.ld, n0, n1, p.dim_qk,
-            static_cast<IO*>(bp.dk) + offset4(bp.dk_stride, b, h, 0, 0), bp.dk_stride);
-  WriteRows(s.dvt + c, s.ld, n0, n1, p.dim_v,
-            static_cast<IO*>(bp.dv) + offset4(bp.dv_stride, b, h, 0, 0), bp.dv_stride);
+  WritePixels(*plan.g, s.dkt + c0, s.ld, m0, m1, p.dim_qk,
+              static_cast<IO*>(bp.dk) + offset4(bp.dk_stride, b, h, 0, 0), bp.dk_stride);
+  WritePixels(*plan.g, s.dvt + c0, s.ld, m0, m1, p.dim_v,
+              static_cast<IO*>(bp.dv) + offset4(bp.dv_stride, b, h, 0, 0), bp.dv_stride);
 }
 
 // One segment of one head: its bands in order on this thread's planes.
@@ -608,7 +641,7 @@ void SegmentTask(void* ctx, std::int64_t task, int thread) {
   for (std::int64_t band = first; band < last; ++band) {
     const std::int64_t p0 = band * plan.band, p1 = p0 + plan.band;
     StreamGradKeys<T, IO>(p, g, bh, plan.lo(p0), plan.hi(p1), s);
-    StreamGradQueries<T, IO>(bp, bh, p0, p1, s, arrays.ot);
+    StreamGradQueries<T, IO>(bp, g, bh, p0, p1, s, arrays.ot);
     for (std::int64_t c = 0; c < g.block_stride / g.lanes; ++c) {
       const BlockWalk walk(g, 0, c, band * plan.blocks_per_band, plan.blocks_per_band, bh,
                            p.heads);
@@ -652,7 +685,8 @@ void HaloTask(void* ctx, std::int64_t task, int /*thread*/) {
   const std::int64_t bh = task / (plan.segments - 1), k = task % (plan.segments - 1);
   const std::int64_t B = (k + 1) * plan.bands_per_segment * plan.band;
   const std::int64_t lo = plan.lo(B);
-  const std::int64_t n0 = std::max<std::int64_t>(lo, 0), n1 = std::min(plan.hi(B), p.len_k);
+  const std::int64_t n0 = std::max<std::int64_t>(lo, 0);
+  const std::int64_t n1 = std::min(plan.hi(B), plan.g->positions());
   if (n0 >= n1) return;
   T* sum = plan.halo(bh, k, 0);
   const T* lead = plan.halo(bh, k, 1);
@@ -662,10 +696,10 @@ void HaloTask(void* ctx, std::int64_t task, int /*thread*/) {
     for (size_t c = c0; c < c1; ++c) sum[r * span + c] += lead[r * span + c];
   }
   const std::int64_t b = bh / p.heads, h = bh % p.heads;
-  WriteRows(sum + c0, span, n0, n1, p.dim_qk,
-            static_cast<IO*>(bp.dk) + offset4(bp.dk_stride, b, h, 0, 0), bp.dk_stride);
-  WriteRows(sum + static_cast<size_t>(p.dim_qk) * span + c0, span, n0, n1, p.dim_v,
-            static_cast<IO*>(bp.dv) + offset4(bp.dv_stride, b, h, 0, 0), bp.dv_stride);
+  WritePixels(*plan.g, sum + c0, span, n0, n1, p.dim_qk,
+              static_cast<IO*>(bp.dk) + offset4(bp.dk_stride, b, h, 0, 0), bp.dk_stride);
+  WritePixels(*plan.g, sum + static_cast<size_t>(p.dim_qk) * span + c0, span, n0, n1, p.dim_v,
+              static_cast<IO*>(bp.dv) + offset4(bp.dv_stride, b, h, 0, 0), bp.dv_stride);
 }
 
 // Segments a head wants so that a problem of few heads still gives the threads work: 8 tasks

@@ -117,7 +117,9 @@ HWY_INLINE void StoreLse(D d, const AttentionParams& p, std::int64_t b, std::int
   }
   HWY_ALIGN T buf[HWY_MAX_BYTES / sizeof(T)];
   hn::Store(lse, d, buf);
-  for (size_t lane = 0; lane < lanes; ++lane) {
+  // lanes <= Lanes(d) (valid_lanes); the bound says so to GCC 12, which otherwise warns that
+  // buf's lanes past a narrow target's vector may be read uninitialised.
+  for (size_t lane = 0; lane < std::min(lanes, hn::Lanes(d)); ++lane) {
     dst[static_cast<std::int64_t>(lane) * p.lse_stride[2]] = buf[lane];
   }
 }
@@ -202,9 +204,9 @@ void StreamBandTask(void* ctx, std::int64_t task, int thread) {
   StreamKeys<T, IO>(p, g, bh, StreamLo(g, p0), StreamHi(g, p1), s);
   const std::int64_t b = bh / p.heads, h = bh % p.heads;
   // The softmax scale goes into Q^T once, as the tiled kernels pre-scale their query tile.
-  StreamRows(static_cast<const IO*>(p.q) + b * p.q_stride[0] + h * p.q_stride[1], p.q_stride,
-             p.len_q, p0, p1, static_cast<size_t>(p.dim_qk), s.qt, s.ld, s.origin,
-             static_cast<T>(p.scale));
+  StreamPixels(g, static_cast<const IO*>(p.q) + b * p.q_stride[0] + h * p.q_stride[1],
+               p.q_stride, p0, p1, static_cast<size_t>(p.dim_qk), s.qt, s.ld, s.origin,
+               static_cast<T>(p.scale));
   const size_t count = static_cast<size_t>(g.count), ld = s.ld;
   const size_t Ev = static_cast<size_t>(p.dim_v);
   ScratchCarver<T> carve(plan.scratch + static_cast<size_t>(thread) * plan.scratch_elems);
@@ -223,7 +225,7 @@ void StreamBandTask(void* ctx, std::int64_t task, int thread) {
       BlockDots(d, g, s.qt + col, s.kt + col, plan.e_pad, S);
       for (size_t k = 0; k < R; ++k) {
         const std::int64_t q0 = walk.position(v0, k);
-        if (q0 >= p.len_q) break;
+        if (q0 >= g.positions()) break;
         T* Sk = S + k * count * L;
         const auto vmax = MaskBlockVector(d, g, q0, Sk, lanes_i, lanes_j, true);
         // A row that sees no key (max -inf) shifts by 0: its exps are exp(-inf) = 0, its sum 0.
@@ -231,8 +233,7 @@ void StreamBandTask(void* ctx, std::int64_t task, int thread) {
         const auto sum = ExpInPlace(d, Sk, count, hn::IfThenZeroElse(empty, vmax));
         hn::Store(hn::IfThenZeroElse(empty, hn::Div(hn::Set(d, T(1)), sum)), d, inv_l + k * L);
         if (p.lse != nullptr) {
-          StoreLse(d, p, b, h, q0, std::min<size_t>(L, static_cast<size_t>(p.len_q - q0)), vmax,
-                   sum);
+          StoreLse(d, p, b, h, g.tensor_position(q0), g.valid_lanes(q0), vmax, sum);
         }
       }
       for (size_t ev0 = 0; ev0 < plan.ev_pad; ev0 += 4) {
@@ -240,10 +241,9 @@ void StreamBandTask(void* ctx, std::int64_t task, int thread) {
       }
       for (size_t k = 0; k < R; ++k) {
         const std::int64_t q0 = walk.position(v0, k);
-        if (q0 >= p.len_q) break;
-        StoreLanes(d, acc + k * plan.ev_pad * L, Ev,
-                   std::min<size_t>(L, static_cast<size_t>(p.len_q - q0)), inv_l + k * L, out,
-                   q0, p.out_stride[2], p.out_stride[3]);
+        if (q0 >= g.positions()) break;
+        StoreLanes(d, acc + k * plan.ev_pad * L, Ev, g.valid_lanes(q0), inv_l + k * L, out,
+                   g.tensor_position(q0), p.out_stride[2], p.out_stride[3]);
       }
     }
   }

@@ -14,10 +14,25 @@
 namespace attn2d {
 namespace cpu {
 
+// A map whose width is not a multiple of the vector's L lanes is laid out on rows of a pitch
+// rounded up to L where (pitch / width) stays at most kMaxPitchRatio: each pixel row then starts
+// a vector, a block's vectors are whole vectors one pixel row apart, and the blocked kernels
+// serve it; the pad columns hold zeros and no query. Otherwise the one-vector-at-a-time kernels
+// run on the raster itself. Development VM (AVX-512, L = 16), 4 heads, E = Ev = 16, 7x7 square,
+// one thread, ns per position forward / backward, raster -> pitched: 56x56 95-98 / 272-296 ->
+// 92-95 / 218-221; 28x28 100-106 / 300-313 -> 104-106 / 230-232; 100x100 100-101 / 283-290 ->
+// 82-85 / 196-212; 32x24 (pitch 32) 102 / 284 -> 112 / 261; 32x20 (32) 102 / 287 -> 141 / 305;
+// 32x9 (16) 103 / 308 -> 159 / 332. Diamond 15, backward: 100x100 537-547 -> 380-385, 56x56
+// 573-600 -> 352-366. Hence pitches up to 4/3 of the width.
+constexpr std::int64_t kMaxPitchRatioNum = 4, kMaxPitchRatioDen = 3;
+
 template <typename T>
 struct WindowGeometry {
   std::int64_t height = 0, width = 0, count = 0;
-  // (count,) raster distances dr * width + dc, ascending: consecutive offsets read nearby key
+  // Positions in the kernels' raster: position n is pixel (n / pitch, n % pitch), a pad column
+  // when n % pitch >= width. pitch == width unless the map is laid out pitched (above).
+  std::int64_t pitch = 0;
+  // (count,) raster distances dr * pitch + dc, ascending: consecutive offsets read nearby key
   // columns (against column-major order, the backward's loads ran 1.8x faster at 128x128 with
   // a 15x15 window, one thread, best of 9).
   std::vector<std::int64_t> off;
@@ -26,7 +41,7 @@ struct WindowGeometry {
   std::int64_t off_min = 0, off_max = 0;
   std::int64_t lanes = 0;    // queries per vector
   std::int64_t margin = 0;   // zeros on each side of a packed row: max |off| + lanes
-  std::int64_t vectors = 0;  // query vectors per head, ceil(N / lanes)
+  std::int64_t vectors = 0;  // query vectors per head, ceil(positions() / lanes)
   std::int64_t ld = 0;       // packed row length: margin + vectors * lanes + margin
   std::int64_t per_row = 0;  // vectors per pixel row, ceil(width / lanes)
 
@@ -54,11 +69,17 @@ struct WindowGeometry {
   // the raster tiling).
   WindowGeometry(const WindowOffsets& w, std::int64_t L, std::int64_t block_rows_wanted = 1,
                  std::int64_t block_offsets = 1)
-      : height(w.height), width(w.width), count(w.count), lanes(L) {
+      : height(w.height), width(w.width), count(w.count), pitch(w.width), lanes(L) {
+    const std::int64_t step = ColumnStep(w);
+    const std::int64_t rounded = (width + L - 1) / L * L;
+    if (block_rows_wanted > 1 && step > 0 && step * width % L != 0 &&
+        rounded * kMaxPitchRatioDen <= width * kMaxPitchRatioNum) {
+      pitch = rounded;
+    }
     const size_t n = static_cast<size_t>(count);
     std::vector<size_t> idx(n);
     std::iota(idx.begin(), idx.end(), size_t{0});
-    auto raster = [&](size_t o) { return std::int64_t{w.dr[o]} * width + w.dc[o]; };
+    auto raster = [&](size_t o) { return std::int64_t{w.dr[o]} * pitch + w.dc[o]; };
     std::sort(idx.begin(), idx.end(), [&](size_t x, size_t y) { return raster(x) < raster(y); });
     off.resize(n);
     dr.resize(n);
@@ -76,10 +97,10 @@ struct WindowGeometry {
     dc_max = *std::max_element(dc.begin(), dc.end());
     off_min = *std::min_element(off.begin(), off.end());
     off_max = *std::max_element(off.begin(), off.end());
-    BuildColumns(w, L, block_rows_wanted, block_offsets);
+    BuildColumns(w, L, block_rows_wanted, block_offsets, step);
     // Blocks read up to block_rows - 1 strides past their first vector, for queries and keys.
     margin = (reach + (block_rows - 1) * block_stride + L + L - 1) / L * L;
-    vectors = (height * width + L - 1) / L;
+    vectors = (positions() + L - 1) / L;
     // An odd number of vectors (of 64 bytes in float) per packed row. A dots sweep reads the
     // same pixel columns of every row e (16 at E = 16) for 8 key pixel rows W positions apart,
     // and at 128x128 an even count (1188, 76,032 bytes: 36 cache lines mod 64) put those lines
@@ -88,42 +109,72 @@ struct WindowGeometry {
     // multiple of 4 vectors was 1.3x slower again).
     ld = 2 * margin + vectors * L;
     if (ld / L % 2 == 0) ld += L;
-    per_row = (width + L - 1) / L;
+    per_row = (pitch + L - 1) / L;
   }
 
-  // Fills columns, col_dr, col_dc, block_rows and block_stride.
-  void BuildColumns(const WindowOffsets& w, std::int64_t L, std::int64_t block_rows_wanted,
-                    std::int64_t block_offsets) {
-    const size_t n = static_cast<size_t>(count);
-    std::vector<size_t> idx(n);
-    std::iota(idx.begin(), idx.end(), size_t{0});
-    std::sort(idx.begin(), idx.end(), [&](size_t x, size_t y) {
-      return w.dc[x] != w.dc[y] ? w.dc[x] < w.dc[y] : w.dr[x] < w.dr[y];
-    });
-    std::int64_t step = 0;  // gcd of the row gaps within columns
+  // Positions of the raster: height * pitch.
+  std::int64_t positions() const { return height * pitch; }
+  // Where position n (a pixel, not a pad column) sits in the (height * width) tensors.
+  std::int64_t tensor_position(std::int64_t n) const {
+    return pitch == width ? n : n / pitch * width + n % pitch;
+  }
+  // Queries of the vector from q0 held by the tensors: they are its first lanes (a pitched
+  // vector lies in one pixel row, its pad columns last).
+  size_t valid_lanes(std::int64_t q0) const {
+    const std::int64_t left = pitch == width ? height * width - q0 : width - q0 % pitch;
+    return static_cast<size_t>(std::clamp<std::int64_t>(left, 0, lanes));
+  }
+
+  // The step s by which every column's row offsets are evenly spaced (the gcd of the row gaps
+  // within columns, 1 for single-offset columns), or 0 where some column is not evenly spaced.
+  static std::int64_t ColumnStep(const WindowOffsets& w) {
+    const size_t n = static_cast<size_t>(w.count);
+    std::vector<size_t> idx = ColumnOrder(w);
+    std::int64_t step = 0;
     for (size_t t = 1; t < n; ++t) {
       if (w.dc[idx[t]] == w.dc[idx[t - 1]]) {
         step = std::gcd(step, std::int64_t{w.dr[idx[t]]} - w.dr[idx[t - 1]]);
       }
     }
     step = std::max<std::int64_t>(step, 1);
-    bool even = true;
     for (size_t t = 0; t < n;) {
       size_t e = t + 1;
       while (e < n && w.dc[idx[e]] == w.dc[idx[t]]) ++e;
-      const std::int64_t first_dr = w.dr[idx[t]], span = w.dr[idx[e - 1]] - first_dr;
-      even = even && span == static_cast<std::int64_t>(e - t - 1) * step;
-      columns.push_back({first_dr * width + w.dc[idx[t]], static_cast<std::int64_t>(e - t),
-                         static_cast<std::int64_t>(t)});
+      const std::int64_t span = std::int64_t{w.dr[idx[e - 1]]} - w.dr[idx[t]];
+      if (span != static_cast<std::int64_t>(e - t - 1) * step) return 0;
+      t = e;
+    }
+    return step;
+  }
+  // The offsets' indices by column dc, then row dr.
+  static std::vector<size_t> ColumnOrder(const WindowOffsets& w) {
+    std::vector<size_t> idx(static_cast<size_t>(w.count));
+    std::iota(idx.begin(), idx.end(), size_t{0});
+    std::sort(idx.begin(), idx.end(), [&](size_t x, size_t y) {
+      return w.dc[x] != w.dc[y] ? w.dc[x] < w.dc[y] : w.dr[x] < w.dr[y];
+    });
+    return idx;
+  }
+
+  // Fills columns, col_dr, col_dc, block_rows and block_stride; step from ColumnStep.
+  void BuildColumns(const WindowOffsets& w, std::int64_t L, std::int64_t block_rows_wanted,
+                    std::int64_t block_offsets, std::int64_t step) {
+    const size_t n = static_cast<size_t>(count);
+    const std::vector<size_t> idx = ColumnOrder(w);
+    for (size_t t = 0; t < n;) {
+      size_t e = t + 1;
+      while (e < n && w.dc[idx[e]] == w.dc[idx[t]]) ++e;
+      columns.push_back({std::int64_t{w.dr[idx[t]]} * pitch + w.dc[idx[t]],
+                         static_cast<std::int64_t>(e - t), static_cast<std::int64_t>(t)});
       t = e;
     }
     for (size_t t = 0; t < n; ++t) {
       col_dr.push_back(static_cast<T>(w.dr[idx[t]]));
       col_dc.push_back(static_cast<T>(w.dc[idx[t]]));
     }
-    if (block_rows_wanted > 1 && even && step * width % L == 0) {
+    if (block_rows_wanted > 1 && step > 0 && step * pitch % L == 0) {
       block_rows = block_rows_wanted;
-      block_stride = step * width;
+      block_stride = step * pitch;
     }
     std::vector<std::int64_t> first_dr;  // per sweep
     for (const Column& c : columns) {
@@ -147,8 +198,8 @@ struct WindowGeometry {
   // True when all L lanes of the vector from query q0 lie in one pixel row and every offset of
   // every lane lands inside the map (no lane needs the mask).
   bool interior(std::int64_t q0) const {
-    const std::int64_t i0 = q0 / width, j0 = q0 % width;
-    return q0 + lanes <= height * width && j0 + lanes <= width && i0 + dr_min >= 0 &&
+    const std::int64_t i0 = q0 / pitch, j0 = q0 % pitch;
+    return q0 + lanes <= positions() && j0 + lanes <= width && i0 + dr_min >= 0 &&
            i0 + dr_max < height && j0 + dc_min >= 0 && j0 + lanes - 1 + dc_max < width;
   }
 };

@@ -493,19 +493,20 @@ HWY_INLINE hn::Vec<D> RowMax(D d, const T* S, size_t count) {
 }
 
 // lanes_i, lanes_j (L,) = the pixel row and column of each lane of the vector from query q0; a
-// row of -2 * height for lanes past the last query puts them out of reach of every offset.
+// row of -2 * height for lanes past the last query or on a pad column puts them out of reach
+// of every offset.
 template <class D, typename T>
 HWY_INLINE void LanePositions(D d, const WindowGeometry<T>& g, std::int64_t q0, T* lanes_i,
                               T* lanes_j) {
-  const std::int64_t N = g.height * g.width;
+  const std::int64_t N = g.positions();
   // One division, then a walk along the raster, where each lane divided: 16 64-bit divisions
   // per border vector, and a third of a 15x15 window's vectors at 128x128 are border vectors.
-  std::int64_t i = q0 / g.width, j = q0 % g.width;
+  std::int64_t i = q0 / g.pitch, j = q0 % g.pitch;
   for (size_t lane = 0; lane < hn::Lanes(d); ++lane) {
     const std::int64_t n = q0 + static_cast<std::int64_t>(lane);
-    lanes_i[lane] = n < N ? static_cast<T>(i) : static_cast<T>(-2 * g.height);
+    lanes_i[lane] = n < N && j < g.width ? static_cast<T>(i) : static_cast<T>(-2 * g.height);
     lanes_j[lane] = static_cast<T>(j);
-    if (++j == g.width) {
+    if (++j == g.pitch) {
       j = 0;
       ++i;
     }
@@ -659,6 +660,28 @@ HWY_INLINE void StreamRows(const IO* base, const std::int64_t* stride, std::int6
     for (size_t r = 0; r < width; ++r) {
       for (size_t c = 0; c < n; ++c) chunk[r * ld + c] *= scale;
     }
+  }
+}
+
+// StreamRows for the positions [n0, n1) of g's raster: on a pitched raster a run of each pixel
+// row's columns comes from the tensors, and pad columns and rows outside the map are zeros.
+template <typename T, typename IO>
+HWY_INLINE void StreamPixels(const WindowGeometry<T>& g, const IO* base,
+                             const std::int64_t* stride, std::int64_t n0, std::int64_t n1,
+                             size_t width, T* dst, size_t ld, std::int64_t origin,
+                             T scale = T(1)) {
+  if (g.pitch == g.width) {
+    StreamRows(base, stride, g.height * g.width, n0, n1, width, dst, ld, origin, scale);
+    return;
+  }
+  const std::int64_t P = g.pitch;
+  for (std::int64_t i = n0 >= 0 ? n0 / P : -((-n0 + P - 1) / P); i * P < n1; ++i) {
+    const std::int64_t a = std::max(n0, i * P) - i * P, b = std::min(n1, i * P + P) - i * P;
+    // Row i's columns a .. b - 1, at plane columns i P + j - origin; a row outside the map
+    // holds no pixel (N = 0: all zeros).
+    const bool in_map = i >= 0 && i < g.height;
+    StreamRows(in_map ? base + i * g.width * stride[2] : base, stride, in_map ? g.width : 0, a, b,
+               width, dst, ld, origin - i * P, scale);
   }
 }
 

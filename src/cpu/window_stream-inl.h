@@ -143,13 +143,13 @@ template <typename T, typename IO>
 HWY_INLINE void StreamKeys(const AttentionParams& p, const WindowGeometry<T>& g,
                            std::int64_t bh, std::int64_t lo, std::int64_t hi, KeyStream<T>& s) {
   const std::int64_t b = bh / p.heads, h = bh % p.heads;
-  const std::int64_t N = p.len_k, L = g.lanes;
+  const std::int64_t L = g.lanes;
   const size_t E = static_cast<size_t>(p.dim_qk), Ev = static_cast<size_t>(p.dim_v);
   const IO* k = static_cast<const IO*>(p.k) + b * p.k_stride[0] + h * p.k_stride[1];
   const IO* v = static_cast<const IO*>(p.v) + b * p.v_stride[0] + h * p.v_stride[1];
   const std::int64_t from = SlideStream<T>(s, L, bh, lo, hi, {{s.kt, E}, {s.vt, Ev}});
-  StreamRows(k, p.k_stride, N, from, hi, E, s.kt, s.ld, s.origin);
-  StreamRows(v, p.v_stride, N, from, hi, Ev, s.vt, s.ld, s.origin);
+  StreamPixels(g, k, p.k_stride, from, hi, E, s.kt, s.ld, s.origin);
+  StreamPixels(g, v, p.v_stride, from, hi, Ev, s.vt, s.ld, s.origin);
 }
 
 }  // namespace HWY_NAMESPACE

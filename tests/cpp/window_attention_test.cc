@@ -200,6 +200,22 @@ TEST_P(WindowAttention, StreamedSegmentsMatchTheDenseMaskOracle) {
   expect_window_matches_dense<float>(1, 1, 8, 16, below, Layout::kContiguous, 44);
 }
 
+TEST_P(WindowAttention, PitchedRowsMatchTheDenseMaskOracle) {
+  // Widths within 4/3 of a multiple of the vector length run the blocked kernels on rows
+  // pitched to that multiple (window_geometry.h): pad columns that a query's window overhangs,
+  // vectors with pad lanes at every row's end, a window wider than the pad (its keys in the
+  // next row's pixels must stay masked), streamed segments over 60 rows, a dilated disk
+  // (column step 2) and a window as wide as the map.
+  expect_window_matches_dense<float>(1, 2, 20, 28, 16, 16, 7, Shape::kSquare, 1,
+                                     Layout::kContiguous, 51);
+  expect_window_matches_dense<double>(2, 1, 9, 60, 7, 9, 15, Shape::kDiamond, 1,
+                                      Layout::kChannelsFirst, 52);
+  expect_window_matches_dense<float>(1, 1, 60, 14, 5, 3, 5, Shape::kDisk, 2,
+                                     Layout::kSequenceMajor, 53);
+  expect_window_matches_dense<float>(1, 1, 6, 13, 8, 8, 27, Shape::kSquare, 1,
+                                     Layout::kContiguous, 54);
+}
+
 TEST_P(WindowAttention, RandomWindowsMatchTheDenseMaskOracle) {
   // Seeded draws of everything at once, on every compiled target (the Python suite runs only
   // the best one): maps of 1-32 rows, widths of 1-33 or a multiple of 16 (the blocked kernels),

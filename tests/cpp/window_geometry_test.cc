@@ -49,9 +49,31 @@ void expect_rows_hold_every_load(std::int64_t height, std::int64_t width, int si
   // A block's last vector at its largest offset, and its first at the smallest, stay inside.
   const std::int64_t reach = std::max(-g.off_min, g.off_max);
   EXPECT_GE(g.margin, reach + (g.block_rows - 1) * g.block_stride + L) << what;
+  const std::int64_t rounded = (width + L - 1) / L * L;
   if (width % L == 0) {
+    EXPECT_EQ(g.pitch, width) << what;
     EXPECT_EQ(g.block_rows, 4) << what;
     EXPECT_EQ(g.block_stride, width) << what;
+  } else if (3 * rounded <= 4 * width) {
+    // Pitched: every pixel row starts a vector, and the blocks apply.
+    EXPECT_EQ(g.pitch, rounded) << what;
+    EXPECT_EQ(g.block_rows, 4) << what;
+    EXPECT_EQ(g.block_stride, rounded) << what;
+  } else {
+    EXPECT_EQ(g.pitch, width) << what;
+    EXPECT_EQ(g.block_rows, 1) << what;
+  }
+  EXPECT_EQ(g.vectors, (height * g.pitch + L - 1) / L) << what;
+  // Each pixel's raster position maps back to its tensor position; the first lanes of a
+  // vector are its pixels.
+  for (std::int64_t i = 0; i < height; ++i) {
+    for (std::int64_t j = 0; j < width; ++j) {
+      ASSERT_EQ(g.tensor_position(i * g.pitch + j), i * width + j) << what;
+    }
+  }
+  if (g.pitch != width) {
+    EXPECT_EQ(g.valid_lanes(0), static_cast<size_t>(std::min(L, width))) << what;
+    EXPECT_EQ(g.valid_lanes(g.pitch - L), static_cast<size_t>(width - (g.pitch - L))) << what;
   }
 }
 
@@ -60,7 +82,8 @@ TEST(WindowGeometry, RowsHoldAnOddNumberOfVectorsAndEveryLoad) {
     std::int64_t height, width;
     int size;
   } maps[] = {{128, 128, 15}, {256, 256, 15}, {64, 64, 7}, {37, 48, 9}, {1, 48, 5},
-              {16, 16, 33}, {23, 29, 5}};
+              {16, 16, 33}, {23, 29, 5}, {56, 56, 7}, {28, 28, 15}, {9, 12, 3},
+              {32, 20, 7}, {100, 100, 15}};
   for (const auto& m : maps) {
     for (bool diamond : {false, true}) {
       expect_rows_hold_every_load<float>(m.height, m.width, m.size, diamond, 16);
