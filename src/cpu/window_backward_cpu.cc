@@ -35,7 +35,8 @@
 // alignment or the scratch's place); two block rows at least run as fast as the whole-head walk
 // or faster at every width from 96 to 272.
 //
-// The unblocked backward (WholeHeadBackward) packs whole heads and cuts each head's vectors into
+// The unblocked backward (WholeHeadBackward: widths that neither are a multiple of L nor pitch
+// to one within 4/3, window_geometry.h) packs whole heads and cuts each head's vectors into
 // bands of B raster-consecutive vectors, (P - 1) B L >= max off - min off, so that band k reaches
 // no key that band k + P reaches; the P phases run bands 0, P, 2P, ... in parallel, then bands
 // 1, P + 1, ..., and so on. Either way every key's sum runs in one fixed order, whatever the

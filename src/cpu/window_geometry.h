@@ -65,7 +65,7 @@ struct WindowGeometry {
   std::int64_t block_stride = 0;  // raster distance between a block's vectors, a multiple of L
 
   // block_rows: the R wanted; blocks apply when the columns are evenly spaced with one step s
-  // and s * width is a multiple of L (the vectors of a block then are whole vectors of
+  // and s * pitch is a multiple of L (the vectors of a block then are whole vectors of
   // the raster tiling).
   WindowGeometry(const WindowOffsets& w, std::int64_t L, std::int64_t block_rows_wanted = 1,
                  std::int64_t block_offsets = 1)
