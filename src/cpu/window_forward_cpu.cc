@@ -14,9 +14,9 @@
 // the mask). Where the window's columns are evenly spaced and the grid's width a multiple of L
 // (every common image size; other widths within 4/3 of one on pitched rows, window_geometry.h),
 // StreamBandTask computes 4 vectors one pixel row apart together, so each key and value load
-// feeds up to 4 multiply-adds (window_ops-inl.h, BlockDots, BlockCombine): 128x128, 4 heads, E = Ev = 16, 15x15 window, 1 thread: 12.0 / 11.8 ms against
-// 14.9 / 15.1 ms for one vector at a time (QueryTask, kept for other widths), medians of 30,
-// two alternating runs. Each thread packs the Q^T, K^T and V^T of the bands of query rows it
+// feeds up to 4 multiply-adds (window_ops-inl.h, BlockDots, BlockCombine): 128x128, 4 heads,
+// E = Ev = 16, 15x15 window, 1 thread: 12.0 / 11.8 ms against 14.9 / 15.1 ms for one vector at
+// a time (QueryTask, kept for other widths), medians of 30, two alternating runs. Each thread packs the Q^T, K^T and V^T of the bands of query rows it
 // runs just before it runs them, into planes that stay in its L2 (window_stream-inl.h); the
 // other widths pack whole heads first, with zero margins on both sides so that every shifted
 // load stays inside the buffer. Against whole-head packing (alternated 3x, medians of 20, two

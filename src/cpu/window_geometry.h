@@ -15,7 +15,7 @@ namespace attn2d {
 namespace cpu {
 
 // A map whose width is not a multiple of the vector's L lanes is laid out on rows of a pitch
-// rounded up to L where (pitch / width) stays at most kMaxPitchRatio: each pixel row then starts
+// rounded up to L where pitch / width stays at most 4 / 3 (kMaxPitchRatio*): each pixel row starts
 // a vector, a block's vectors are whole vectors one pixel row apart, and the blocked kernels
 // serve it; the pad columns hold zeros and no query. Otherwise the one-vector-at-a-time kernels
 // run on the raster itself. Development VM (AVX-512, L = 16), 4 heads, E = Ev = 16, 7x7 square,
