@@ -33,6 +33,10 @@ BackwardSchedule choose_backward_schedule(std::int64_t slices, int threads, std:
                                           std::size_t max_share_bytes);
 
 inline std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
+// floor(x / m) for m > 0 and x of either sign (C++ division truncates toward zero).
+inline std::int64_t floor_div(std::int64_t x, std::int64_t m) {
+  return x >= 0 ? x / m : -((-x + m - 1) / m);
+}
 
 }  // namespace cpu
 }  // namespace attn2d

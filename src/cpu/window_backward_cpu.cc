@@ -164,12 +164,10 @@ HWY_INLINE void PackLse(const WindowGeometry<T>& g, const T* lse, std::int64_t s
     PackLse(lse, stride, p0, p1, g.height * g.width, dst);
     return;
   }
-  const std::int64_t P = g.pitch;
-  for (std::int64_t i = p0 / P; i * P < p1; ++i) {
-    const std::int64_t a = std::max(p0, i * P), b = std::min(p1, i * P + P);
+  g.ForEachRowRun(p0, p1, [&](std::int64_t i, std::int64_t a, std::int64_t b) {
     const std::int64_t pixels = i < g.height ? g.width : 0;  // row i's columns held by lse
-    PackLse(lse + i * g.width * stride, stride, a - i * P, b - i * P, pixels, dst + (a - p0));
-  }
+    PackLse(lse + i * g.width * stride, stride, a, b, pixels, dst + (i * g.pitch + a - p0));
+  });
 }
 
 template <typename T, typename IO>
@@ -313,13 +311,12 @@ HWY_INLINE void WritePixels(const WindowGeometry<T>& g, const T* src, size_t ld,
     if (lo < hi) WriteRows(src + (lo - n0), ld, lo, hi, width, dst, stride);
     return;
   }
-  const std::int64_t P = g.pitch;
-  for (std::int64_t i = lo / P; i * P < hi; ++i) {
-    const std::int64_t a = std::max(lo, i * P), b = std::min(hi, i * P + g.width);
-    if (a >= b) continue;
-    const std::int64_t t = g.tensor_position(a);
-    WriteRows(src + (a - n0), ld, t, t + (b - a), width, dst, stride);
-  }
+  g.ForEachRowRun(lo, hi, [&](std::int64_t i, std::int64_t a, std::int64_t b) {
+    b = std::min(b, g.width);  // pad columns hold no key
+    if (a >= b) return;
+    WriteRows(src + (i * g.pitch + a - n0), ld, i * g.width + a, i * g.width + b, width, dst,
+              stride);
+  });
 }
 
 // Writes positions [n0, n0 + kPackChunk) of one head's dK and dV.
@@ -362,9 +359,6 @@ Status WholeHeadBackward(const AttentionBackwardParams& bp, const Host& host,
   plan.scatter_order = scatter_order.data();
   plan.pack_tasks_per_head = (p.len_q + kPackChunk - 1) / kPackChunk;
   plan.head_elems = (3 * plan.e_pad + 3 * plan.ev_pad + 2) * plan.ld();
-  const std::int64_t pairs = p.batch * p.heads;
-  const std::int64_t threads = std::max(host.num_threads, 1);
-  const std::int64_t group = HeadsPerGroup(plan.head_elems * sizeof(T), pairs);
   // Bands r and r + P reach disjoint keys when (P - 1) bands span off_max - off_min. P depends
   // on the problem only, never on the thread count, so that every thread count sums each key's
   // terms in the same order. P = 3 phases: a 128x128 head under a 15x15 window then has 18
@@ -380,22 +374,13 @@ Status WholeHeadBackward(const AttentionBackwardParams& bp, const Host& host,
                        2 * ScratchCarver<T>::padded(lanes);
   // The packing tasks' O^T chunk.
   plan.scratch_elems = std::max(plan.scratch_elems, plan.ev_pad * static_cast<size_t>(kPackChunk));
-  const size_t elems = plan.head_elems * static_cast<size_t>(group) +
-                       plan.scratch_elems * static_cast<size_t>(threads);
-  Workspace ws(host);
-  const Status reserved = ws.reserve(elems * sizeof(T), "attention_backward (window)");
-  if (!reserved.ok()) return reserved;
-  plan.packed = reinterpret_cast<T*>(ws.data());
-  plan.scratch = plan.packed + plan.head_elems * static_cast<size_t>(group);
-  for (plan.group_first = 0; plan.group_first < pairs; plan.group_first += group) {
-    plan.group_size = std::min(group, pairs - plan.group_first);
+  return RunHeadGroups<T>(host, p.batch * p.heads, "attention_backward (window)", plan, [&] {
     run_tasks(host, plan.group_size * plan.pack_tasks_per_head, &plan, BackwardPackTask<T, IO>);
     for (plan.phase = 0; plan.phase < std::min(plan.phases, plan.bands); ++plan.phase) {
       run_tasks(host, plan.group_size * plan.bands_in(plan.phase), &plan, BandTask<T, IO>);
     }
     run_tasks(host, plan.group_size * plan.pack_tasks_per_head, &plan, UnpackTask<T, IO>);
-  }
-  return Status::Ok();
+  });
 }
 
 // A blocked task's arrays in its thread's scratch (base null: only counts them into `elems`):

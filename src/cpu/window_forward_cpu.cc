@@ -16,8 +16,9 @@
 // StreamBandTask computes 4 vectors one pixel row apart together, so each key and value load
 // feeds up to 4 multiply-adds (window_ops-inl.h, BlockDots, BlockCombine): 128x128, 4 heads,
 // E = Ev = 16, 15x15 window, 1 thread: 12.0 / 11.8 ms against 14.9 / 15.1 ms for one vector at
-// a time (QueryTask, kept for other widths), medians of 30, two alternating runs. Each thread packs the Q^T, K^T and V^T of the bands of query rows it
-// runs just before it runs them, into planes that stay in its L2 (window_stream-inl.h); the
+// a time (QueryTask, kept for other widths), medians of 30, two alternating runs. Each thread
+// packs the Q^T, K^T and V^T of the bands of query rows it runs just before it runs them, into
+// planes that stay in its L2 (window_stream-inl.h); the
 // other widths pack whole heads first, with zero margins on both sides so that every shifted
 // load stays inside the buffer. Against whole-head packing (alternated 3x, medians of 20, two
 // threads): 256x256, 4 heads, diamond 15 17.8 -> 17.2 ms, square 15 27.5 -> 26.3 ms; 128x128
@@ -306,29 +307,18 @@ Status WindowForward(const AttentionParams& p, const Host& host) {
   plan.e_pad = static_cast<size_t>(round_up(std::max<std::int64_t>(p.dim_qk, 1), 4));
   plan.ev_pad = static_cast<size_t>(round_up(std::max<std::int64_t>(p.dim_v, 1), 4));
   const size_t count = static_cast<size_t>(g.count);
-  const int threads = std::max(host.num_threads, 1);
-  const std::int64_t pairs = p.batch * p.heads;
   if (g.block_rows > 1) return StreamForward<T, IO>(p, host, g, plan);
   const std::int64_t rows = (g.vectors + g.per_row - 1) / g.per_row;
   plan.tasks_per_head = g.per_row * ((rows + kRowsPerTask - 1) / kRowsPerTask);
   plan.pack_tasks_per_head = (p.len_q + kPackChunk - 1) / kPackChunk;
   plan.head_elems = (2 * plan.e_pad + plan.ev_pad) * plan.ld();
-  const std::int64_t group = HeadsPerGroup(plan.head_elems * sizeof(T), pairs);
   plan.scratch_elems = ScratchCarver<T>::padded(count * L) +
-                       ScratchCarver<T>::padded(kRowsPerSweep * L) + 3 * ScratchCarver<T>::padded(L);
-  const size_t elems = plan.head_elems * static_cast<size_t>(group) +
-                       plan.scratch_elems * static_cast<size_t>(threads);
-  Workspace ws(host);
-  const Status reserved = ws.reserve(elems * sizeof(T), "attention_forward (window)");
-  if (!reserved.ok()) return reserved;
-  plan.packed = reinterpret_cast<T*>(ws.data());
-  plan.scratch = plan.packed + plan.head_elems * static_cast<size_t>(group);
-  for (plan.group_first = 0; plan.group_first < pairs; plan.group_first += group) {
-    plan.group_size = std::min(group, pairs - plan.group_first);
+                       ScratchCarver<T>::padded(kRowsPerSweep * L) +
+                       3 * ScratchCarver<T>::padded(L);
+  return RunHeadGroups<T>(host, p.batch * p.heads, "attention_forward (window)", plan, [&] {
     run_tasks(host, plan.group_size * plan.pack_tasks_per_head, &plan, PackTask<T, IO>);
     run_tasks(host, plan.group_size * plan.tasks_per_head, &plan, QueryTask<T, IO>);
-  }
-  return Status::Ok();
+  });
 }
 
 ATTN2D_DTYPE_INSTANCES(WindowForward, WindowForward, AttentionParams)

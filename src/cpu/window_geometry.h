@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "attn2d/window_offsets.h"
+#include "cpu/tiling.h"
 
 namespace attn2d {
 namespace cpu {
@@ -70,8 +71,9 @@ struct WindowGeometry {
   WindowGeometry(const WindowOffsets& w, std::int64_t L, std::int64_t block_rows_wanted = 1,
                  std::int64_t block_offsets = 1)
       : height(w.height), width(w.width), count(w.count), pitch(w.width), lanes(L) {
-    const std::int64_t step = ColumnStep(w);
-    const std::int64_t rounded = (width + L - 1) / L * L;
+    const std::vector<size_t> by_column = ColumnOrder(w);
+    const std::int64_t step = ColumnStep(w, by_column);
+    const std::int64_t rounded = round_up(width, L);
     if (block_rows_wanted > 1 && step > 0 && step * width % L != 0 &&
         rounded * kMaxPitchRatioDen <= width * kMaxPitchRatioNum) {
       pitch = rounded;
@@ -97,7 +99,7 @@ struct WindowGeometry {
     dc_max = *std::max_element(dc.begin(), dc.end());
     off_min = *std::min_element(off.begin(), off.end());
     off_max = *std::max_element(off.begin(), off.end());
-    BuildColumns(w, L, block_rows_wanted, block_offsets, step);
+    BuildColumns(w, by_column, L, block_rows_wanted, block_offsets, step);
     // Blocks read up to block_rows - 1 strides past their first vector, for queries and keys.
     margin = (reach + (block_rows - 1) * block_stride + L + L - 1) / L * L;
     vectors = (positions() + L - 1) / L;
@@ -124,12 +126,19 @@ struct WindowGeometry {
     const std::int64_t left = pitch == width ? height * width - q0 : width - q0 % pitch;
     return static_cast<size_t>(std::clamp<std::int64_t>(left, 0, lanes));
   }
+  // fn(i, a, b) for each raster row i (pitch positions from i * pitch; inside the map or not)
+  // that positions [n0, n1) meet, with the columns [a, b) they cover there.
+  template <class Fn>
+  void ForEachRowRun(std::int64_t n0, std::int64_t n1, Fn&& fn) const {
+    for (std::int64_t i = floor_div(n0, pitch); i * pitch < n1; ++i) {
+      fn(i, std::max(n0, i * pitch) - i * pitch, std::min(n1, i * pitch + pitch) - i * pitch);
+    }
+  }
 
   // The step s by which every column's row offsets are evenly spaced (the gcd of the row gaps
   // within columns, 1 for single-offset columns), or 0 where some column is not evenly spaced.
-  static std::int64_t ColumnStep(const WindowOffsets& w) {
+  static std::int64_t ColumnStep(const WindowOffsets& w, const std::vector<size_t>& idx) {
     const size_t n = static_cast<size_t>(w.count);
-    std::vector<size_t> idx = ColumnOrder(w);
     std::int64_t step = 0;
     for (size_t t = 1; t < n; ++t) {
       if (w.dc[idx[t]] == w.dc[idx[t - 1]]) {
@@ -156,11 +165,12 @@ struct WindowGeometry {
     return idx;
   }
 
-  // Fills columns, col_dr, col_dc, block_rows and block_stride; step from ColumnStep.
-  void BuildColumns(const WindowOffsets& w, std::int64_t L, std::int64_t block_rows_wanted,
-                    std::int64_t block_offsets, std::int64_t step) {
+  // Fills columns, col_dr, col_dc, block_rows and block_stride; idx from ColumnOrder, step
+  // from ColumnStep.
+  void BuildColumns(const WindowOffsets& w, const std::vector<size_t>& idx, std::int64_t L,
+                    std::int64_t block_rows_wanted, std::int64_t block_offsets,
+                    std::int64_t step) {
     const size_t n = static_cast<size_t>(count);
-    const std::vector<size_t> idx = ColumnOrder(w);
     for (size_t t = 0; t < n;) {
       size_t e = t + 1;
       while (e < n && w.dc[idx[e]] == w.dc[idx[t]]) ++e;

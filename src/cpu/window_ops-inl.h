@@ -17,6 +17,9 @@
 #include <limits>
 #include <type_traits>
 
+#include "attn2d/host.h"
+#include "attn2d/status.h"
+#include "core/workspace.h"
 #include "cpu/tile_ops-inl.h"
 #include "cpu/window_geometry.h"
 #include "hwy/highway.h"
@@ -596,6 +599,28 @@ inline std::int64_t HeadsPerGroup(size_t head_bytes, std::int64_t pairs) {
                                   pairs);
 }
 
+// The whole-head kernels' run: reserves the packed planes of as many heads as HeadsPerGroup
+// allows and each thread's scratch (plan.head_elems, plan.scratch_elems elements of T), sets
+// plan.packed and plan.scratch, and calls run_group() once per group of heads, with
+// plan.group_first and plan.group_size set.
+template <typename T, class Plan, class RunGroup>
+Status RunHeadGroups(const Host& host, std::int64_t pairs, const char* op, Plan& plan,
+                     RunGroup&& run_group) {
+  const std::int64_t group = HeadsPerGroup(plan.head_elems * sizeof(T), pairs);
+  const size_t packed = plan.head_elems * static_cast<size_t>(group);
+  const size_t threads = static_cast<size_t>(std::max(host.num_threads, 1));
+  Workspace ws(host);
+  const Status reserved = ws.reserve((packed + plan.scratch_elems * threads) * sizeof(T), op);
+  if (!reserved.ok()) return reserved;
+  plan.packed = reinterpret_cast<T*>(ws.data());
+  plan.scratch = plan.packed + packed;
+  for (plan.group_first = 0; plan.group_first < pairs; plan.group_first += group) {
+    plan.group_size = std::min(group, pairs - plan.group_first);
+    run_group();
+  }
+  return Status::Ok();
+}
+
 // Packing task `task` of a group whose first (batch, head) pair is group_first: head `slot` of
 // the group, positions [n0, n0 + count).
 struct PackChunk {
@@ -674,15 +699,13 @@ HWY_INLINE void StreamPixels(const WindowGeometry<T>& g, const IO* base,
     StreamRows(base, stride, g.height * g.width, n0, n1, width, dst, ld, origin, scale);
     return;
   }
-  const std::int64_t P = g.pitch;
-  for (std::int64_t i = n0 >= 0 ? n0 / P : -((-n0 + P - 1) / P); i * P < n1; ++i) {
-    const std::int64_t a = std::max(n0, i * P) - i * P, b = std::min(n1, i * P + P) - i * P;
-    // Row i's columns a .. b - 1, at plane columns i P + j - origin; a row outside the map
+  g.ForEachRowRun(n0, n1, [&](std::int64_t i, std::int64_t a, std::int64_t b) {
+    // Row i's columns a .. b - 1, at plane columns i pitch + j - origin; a row outside the map
     // holds no pixel (N = 0: all zeros).
     const bool in_map = i >= 0 && i < g.height;
     StreamRows(in_map ? base + i * g.width * stride[2] : base, stride, in_map ? g.width : 0, a, b,
-               width, dst, ld, origin - i * P, scale);
-  }
+               width, dst, ld, origin - i * g.pitch, scale);
+  });
 }
 
 // Packs positions [n0, n0 + count) of one head's (N, width) rows from `base` (strides in

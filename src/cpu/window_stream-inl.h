@@ -81,7 +81,7 @@ template <typename T>
 HWY_INLINE std::int64_t SlideStream(StreamSpan& s, std::int64_t L, std::int64_t bh,
                                     std::int64_t lo, std::int64_t hi,
                                     std::initializer_list<std::pair<T*, size_t>> planes) {
-  const std::int64_t aligned_lo = lo >= 0 ? lo / L * L : -((-lo + L - 1) / L) * L;
+  const std::int64_t aligned_lo = floor_div(lo, L) * L;
   std::int64_t from = lo;
   if (s.bh == bh && lo >= s.lo && lo <= s.hi && hi >= s.hi) {
     from = s.hi;
