@@ -50,7 +50,6 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <numeric>
 #include <string>
@@ -439,6 +438,11 @@ struct GradStream : StreamSpan {
     for (T* plane : {qt, kt}) std::fill(plane + E * ld, plane + e_pad * ld, T(0));
     for (T* plane : {dot, vt}) std::fill(plane + Ev * ld, plane + ev_pad * ld, T(0));
   }
+  // Zeroes the sums of the keys at columns [c0, c1): E rows of dK^T and Ev of dV^T.
+  void ZeroSums(size_t E, size_t Ev, size_t c0, size_t c1) {
+    for (size_t r = 0; r < E; ++r) std::fill(dkt + r * ld + c0, dkt + r * ld + c1, T(0));
+    for (size_t r = 0; r < Ev; ++r) std::fill(dvt + r * ld + c0, dvt + r * ld + c1, T(0));
+  }
 };
 
 // The blocked backward's walk: each head cut into bands of blocks_per_band block rows (band
@@ -543,9 +547,7 @@ HWY_INLINE void StreamGradKeys(const AttentionParams& p, const WindowGeometry<T>
                p.k_stride, from, hi, E, s.kt, s.ld, s.origin);
   StreamPixels(g, static_cast<const IO*>(p.v) + b * p.v_stride[0] + h * p.v_stride[1],
                p.v_stride, from, hi, Ev, s.vt, s.ld, s.origin);
-  const size_t c0 = static_cast<size_t>(from - s.origin), c1 = static_cast<size_t>(hi - s.origin);
-  for (size_t r = 0; r < E; ++r) std::fill(s.dkt + r * s.ld + c0, s.dkt + r * s.ld + c1, T(0));
-  for (size_t r = 0; r < Ev; ++r) std::fill(s.dvt + r * s.ld + c0, s.dvt + r * s.ld + c1, T(0));
+  s.ZeroSums(E, Ev, static_cast<size_t>(from - s.origin), static_cast<size_t>(hi - s.origin));
 }
 
 // Packs the queries [p0, p1) of head bh into s: Q^T (scaled), dO^T, the lse and D.
@@ -571,6 +573,21 @@ HWY_INLINE void StreamGradQueries(const AttentionBackwardParams& bp, const Windo
           p.lse_stride[2], p0, p1, s.lse + (p0 - s.origin));
 }
 
+// dK and dV of head bh's positions [n0, n1) (those of pixels in the map) from sums laid out in
+// rows ld apart, dK^T's at dk_sums and dV^T's at dv_sums (both at n0's column).
+template <typename T, typename IO>
+HWY_INLINE void WriteKeyGrads(const StreamBackwardPlan<T>& plan, std::int64_t bh,
+                              const T* dk_sums, const T* dv_sums, size_t ld, std::int64_t n0,
+                              std::int64_t n1) {
+  const AttentionBackwardParams& bp = *plan.bp;
+  const AttentionParams& p = bp.fwd;
+  const std::int64_t b = bh / p.heads, h = bh % p.heads;
+  WritePixels(*plan.g, dk_sums, ld, n0, n1, p.dim_qk,
+              static_cast<IO*>(bp.dk) + offset4(bp.dk_stride, b, h, 0, 0), bp.dk_stride);
+  WritePixels(*plan.g, dv_sums, ld, n0, n1, p.dim_v,
+              static_cast<IO*>(bp.dv) + offset4(bp.dv_stride, b, h, 0, 0), bp.dv_stride);
+}
+
 // Writes the sums of keys [m0, m1) out of s: into the halo buffer `halo` (rows of `span`, its
 // column 0 at position halo_lo) when one is given, else into dK and dV for those inside the map.
 template <typename T, typename IO>
@@ -578,8 +595,7 @@ HWY_INLINE void WriteGradKeys(const StreamBackwardPlan<T>& plan, const GradStrea
                               std::int64_t bh, std::int64_t m0, std::int64_t m1, T* halo,
                               std::int64_t halo_lo) {
   if (m0 >= m1) return;
-  const AttentionBackwardParams& bp = *plan.bp;
-  const AttentionParams& p = bp.fwd;
+  const AttentionParams& p = plan.bp->fwd;
   const size_t E = static_cast<size_t>(p.dim_qk), Ev = static_cast<size_t>(p.dim_v);
   const size_t c0 = static_cast<size_t>(m0 - s.origin), n = static_cast<size_t>(m1 - m0);
   if (halo != nullptr) {
@@ -592,11 +608,7 @@ HWY_INLINE void WriteGradKeys(const StreamBackwardPlan<T>& plan, const GradStrea
     }
     return;
   }
-  const std::int64_t b = bh / p.heads, h = bh % p.heads;
-  WritePixels(*plan.g, s.dkt + c0, s.ld, m0, m1, p.dim_qk,
-              static_cast<IO*>(bp.dk) + offset4(bp.dk_stride, b, h, 0, 0), bp.dk_stride);
-  WritePixels(*plan.g, s.dvt + c0, s.ld, m0, m1, p.dim_v,
-              static_cast<IO*>(bp.dv) + offset4(bp.dv_stride, b, h, 0, 0), bp.dv_stride);
+  WriteKeyGrads<T, IO>(plan, bh, s.dkt + c0, s.dvt + c0, s.ld, m0, m1);
 }
 
 // One segment of one head: its bands in order on this thread's planes.
@@ -651,14 +663,9 @@ void SegmentTask(void* ctx, std::int64_t task, int thread) {
   }
   // The next segment, should this thread run it, starts its sums of the shared keys from zero.
   if (seg + 1 < plan.segments) {
-    const size_t c0 = static_cast<size_t>(trail_begin - s.origin);
-    const size_t c1 = static_cast<size_t>(plan.hi(P1) - s.origin);
-    for (size_t r = 0; r < static_cast<size_t>(p.dim_qk); ++r) {
-      std::fill(s.dkt + r * s.ld + c0, s.dkt + r * s.ld + c1, T(0));
-    }
-    for (size_t r = 0; r < static_cast<size_t>(p.dim_v); ++r) {
-      std::fill(s.dvt + r * s.ld + c0, s.dvt + r * s.ld + c1, T(0));
-    }
+    s.ZeroSums(static_cast<size_t>(p.dim_qk), static_cast<size_t>(p.dim_v),
+               static_cast<size_t>(trail_begin - s.origin),
+               static_cast<size_t>(plan.hi(P1) - s.origin));
   }
 }
 
@@ -666,8 +673,7 @@ void SegmentTask(void* ctx, std::int64_t task, int thread) {
 template <typename T, typename IO>
 void HaloTask(void* ctx, std::int64_t task, int /*thread*/) {
   const StreamBackwardPlan<T>& plan = *static_cast<const StreamBackwardPlan<T>*>(ctx);
-  const AttentionBackwardParams& bp = *plan.bp;
-  const AttentionParams& p = bp.fwd;
+  const AttentionParams& p = plan.bp->fwd;
   const std::int64_t bh = task / (plan.segments - 1), k = task % (plan.segments - 1);
   const std::int64_t B = (k + 1) * plan.bands_per_segment * plan.band;
   const std::int64_t lo = plan.lo(B);
@@ -681,11 +687,8 @@ void HaloTask(void* ctx, std::int64_t task, int /*thread*/) {
   for (size_t r = 0; r < static_cast<size_t>(p.dim_qk + p.dim_v); ++r) {
     for (size_t c = c0; c < c1; ++c) sum[r * span + c] += lead[r * span + c];
   }
-  const std::int64_t b = bh / p.heads, h = bh % p.heads;
-  WritePixels(*plan.g, sum + c0, span, n0, n1, p.dim_qk,
-              static_cast<IO*>(bp.dk) + offset4(bp.dk_stride, b, h, 0, 0), bp.dk_stride);
-  WritePixels(*plan.g, sum + static_cast<size_t>(p.dim_qk) * span + c0, span, n0, n1, p.dim_v,
-              static_cast<IO*>(bp.dv) + offset4(bp.dv_stride, b, h, 0, 0), bp.dv_stride);
+  WriteKeyGrads<T, IO>(plan, bh, sum + c0, sum + static_cast<size_t>(p.dim_qk) * span + c0,
+                       span, n0, n1);
 }
 
 // Segments a head wants so that a problem of few heads still gives the threads work: 8 tasks

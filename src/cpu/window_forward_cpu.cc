@@ -18,11 +18,11 @@
 // E = Ev = 16, 15x15 window, 1 thread: 12.0 / 11.8 ms against 14.9 / 15.1 ms for one vector at
 // a time (QueryTask, kept for other widths), medians of 30, two alternating runs. Each thread
 // packs the Q^T, K^T and V^T of the bands of query rows it runs just before it runs them, into
-// planes that stay in its L2 (window_stream-inl.h); the
-// other widths pack whole heads first, with zero margins on both sides so that every shifted
-// load stays inside the buffer. Against whole-head packing (alternated 3x, medians of 20, two
-// threads): 256x256, 4 heads, diamond 15 17.8 -> 17.2 ms, square 15 27.5 -> 26.3 ms; 128x128
-// diamond 4.14 -> 4.03 ms; a 1x1 window at 128x128, one thread, 2.0 -> 1.7 ms.
+// planes that stay in its L2 (window_stream-inl.h); the other widths pack whole heads first,
+// with zero margins on both sides so that every shifted load stays inside the buffer. Against
+// whole-head packing (alternated 3x, medians of 20, two threads): 256x256, 4 heads, diamond 15
+// 17.8 -> 17.2 ms, square 15 27.5 -> 26.3 ms; 128x128 diamond 4.14 -> 4.03 ms; a 1x1 window at
+// 128x128, one thread, 2.0 -> 1.7 ms.
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "src/cpu/window_forward_cpu.cc"
