@@ -21,6 +21,10 @@ struct Host {
   // Returns memory aligned to at least 64 bytes, or null on failure. Null: aligned new.
   void* (*allocate)(void* ctx, std::size_t bytes) = nullptr;
   void (*deallocate)(void* ctx, void* ptr) = nullptr;
+  // A backward whose gradients (dQ, dK and dV together) exceed this many bytes writes them with
+  // non-temporal stores (cpu/result_stores.h); -1: the L2 of num_threads cores, as the system
+  // reports it. 0 streams every aligned row, and INT64_MAX none; the values are the same.
+  std::int64_t stream_result_bytes = -1;
 };
 
 // A single-threaded host with aligned heap memory.

@@ -37,6 +37,7 @@
 #include "cpu/attention_cpu.h"
 #include "cpu/dtype_dispatch.h"
 #include "cpu/bf16_pairs_avx512.h"
+#include "cpu/result_stores.h"
 #include "cpu/scratch.h"
 #include "cpu/tile_ops-inl.h"
 #include "cpu/tiling.h"
@@ -77,6 +78,7 @@ struct BackwardPlan {
   // dV = P^T dO, dK = dS^T q, dQ = dS K) run on VDPBF16PS from bf16 pairs (K^T and V^T packed as
   // pairs in kt and vt, K in k; P and dS rounded to bf16 as naive bf16 attention rounds them).
   bool native_bf16 = false;
+  bool stream_grads = false;  // dQ, dK and dV past the caches (cpu/result_stores.h)
 
   struct Arrays {
     T *kt, *vt, *k, *q, *dout, *s, *dp, *dk, *dv, *dk_part, *dv_part, *dq, *dq_group, *dq_term;
@@ -517,10 +519,10 @@ HWY_INLINE void StoreKeyGrads(const AttentionBackwardParams& bp, const BackwardP
   const AttentionParams& p = bp.fwd;
   StoreTile(a.dk, plan.dim_qk_pad, keys, static_cast<size_t>(p.dim_qk), T(1),
             static_cast<IO*>(bp.dk) + offset4(bp.dk_stride, b, h, 0, 0), bp.dk_stride[2],
-            bp.dk_stride[3]);
+            bp.dk_stride[3], plan.stream_grads);
   StoreTile(a.dv, plan.dim_v_pad, keys, static_cast<size_t>(p.dim_v), T(1),
             static_cast<IO*>(bp.dv) + offset4(bp.dv_stride, b, h, 0, 0), bp.dv_stride[2],
-            bp.dv_stride[3]);
+            bp.dv_stride[3], plan.stream_grads);
 }
 
 // Query tiles that see key tile j0: all of them, or under causality those holding a query
@@ -722,7 +724,7 @@ void StoreQueryGrad(const BackwardPlan<T>& plan, std::int64_t b, std::int64_t h,
   const AttentionParams& p = bp.fwd;
   StoreTile(sum, plan.dim_qk_pad, rows, static_cast<size_t>(p.dim_qk), static_cast<T>(p.scale),
             static_cast<IO*>(bp.dq) + offset4(bp.dq_stride, b, h, 0, 0), bp.dq_stride[2],
-            bp.dq_stride[3]);
+            bp.dq_stride[3], plan.stream_grads);
 }
 
 // The rows of sum's tile `chunk` (share_rows in chunks of block_q): raster rows, or the rows of
@@ -925,6 +927,8 @@ Status Backward(const AttentionBackwardParams& bp, const Host& host) {
   plan.scratch_elems = plan.carve(nullptr).elems;
   const int threads = std::max(host.num_threads, 1);
   const std::int64_t slices = p.batch * p.heads;
+  plan.stream_grads =
+      stream_results(host, gradient_bytes(p, static_cast<std::int64_t>(sizeof(IO))));
   plan.sum_chunks = (p.len_q + plan.tiles.block_q - 1) / plan.tiles.block_q;
   plan.share_rows = p.layout != nullptr
                         ? static_cast<size_t>(plan.q_tiles * plan.tiles.block_q)

@@ -151,7 +151,7 @@ HWY_INLINE void FinishQueryTile(const AttentionParams& p, const ForwardPlan<T>& 
     for (size_t i = 0; i < n; ++i) {
       const size_t r = r0 + i;
       StoreTile(a.acc + r * Evp, Evp, Rows{nullptr, rows[r], 1}, Ev, inv_l[i], out,
-                p.out_stride[2], p.out_stride[3]);
+                p.out_stride[2], p.out_stride[3], /*stream=*/false);
     }
     if (lse != nullptr) {
       T* lse_bh = lse + b * p.lse_stride[0] + h * p.lse_stride[1];

@@ -22,6 +22,7 @@
 #include "core/strided.h"
 #include "cpu/bf16_pairs_avx512.h"
 #include "cpu/half.h"
+#include "hwy/cache_control.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
 
@@ -420,9 +421,10 @@ HWY_INLINE void Transpose8x8(const float* const* src, size_t c0, float* HWY_REST
 // position of Q, K, V, dO and O into planes and dQ, dK, dV out of them: that packing was 14% of
 // a 15x15 diamond's backward at 128x128 (E = Ev = 16, one thread). The rows are src + i * rs,
 // consecutive at one stride: an array of 16 row pointers, as the 8 x 8 block takes, made GCC 12
-// spill the pointers (half the packing's samples).
+// spill the pointers (half the packing's samples). stream: non-temporal stores to 64-byte
+// aligned rows (cpu/result_stores.h).
 HWY_INLINE void Transpose16x16(const float* HWY_RESTRICT src, std::int64_t rs,
-                               float* HWY_RESTRICT dst, size_t ld) {
+                               float* HWY_RESTRICT dst, size_t ld, bool stream) {
   __m512 r[16], t[16];
   for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * rs);
   // Row pairs: t[2k] = r0c0 r1c0 r0c1 r1c1 | r0c4 r1c4 r0c5 r1c5 | ... (per 128-bit lane).
@@ -448,11 +450,18 @@ HWY_INLINE void Transpose16x16(const float* HWY_RESTRICT src, std::int64_t rs,
     t[12 + j] = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xDD);
   }
   // Column 4l + j: lane l of each quad, in quad order.
-  for (int j = 0; j < 4; ++j) {
-    _mm512_storeu_ps(dst + j * ld, _mm512_shuffle_f32x4(t[j], t[8 + j], 0x88));
-    _mm512_storeu_ps(dst + (8 + j) * ld, _mm512_shuffle_f32x4(t[j], t[8 + j], 0xDD));
-    _mm512_storeu_ps(dst + (4 + j) * ld, _mm512_shuffle_f32x4(t[4 + j], t[12 + j], 0x88));
-    _mm512_storeu_ps(dst + (12 + j) * ld, _mm512_shuffle_f32x4(t[4 + j], t[12 + j], 0xDD));
+  const auto put = [&](size_t c, __m512 row) {
+    if (stream) {
+      _mm512_stream_ps(dst + c * ld, row);
+    } else {
+      _mm512_storeu_ps(dst + c * ld, row);
+    }
+  };
+  for (size_t j = 0; j < 4; ++j) {
+    put(j, _mm512_shuffle_f32x4(t[j], t[8 + j], 0x88));
+    put(8 + j, _mm512_shuffle_f32x4(t[j], t[8 + j], 0xDD));
+    put(4 + j, _mm512_shuffle_f32x4(t[4 + j], t[12 + j], 0x88));
+    put(12 + j, _mm512_shuffle_f32x4(t[4 + j], t[12 + j], 0xDD));
   }
 }
 #endif
@@ -464,11 +473,14 @@ HWY_INLINE void Transpose16x16(const float* HWY_RESTRICT src, std::int64_t rs,
 constexpr size_t kPackPrefetchBytes = 6144;
 
 // dst[c * ld + r] = element(r, c) for r < rows.count, c < cols; zero for r in
-// [rows.count, rows_pad).
+// [rows.count, rows_pad). stream (a result past the caches, cpu/result_stores.h): the whole
+// 64-byte rows of 16 x 16 blocks are written with non-temporal stores where dst's rows are
+// aligned, and the stores are fenced before returning, so that another thread that learns of
+// the task's end sees them.
 template <typename T, typename IO>
 HWY_INLINE void PackTransposed(const IO* HWY_RESTRICT base, const Rows& rows, std::int64_t rs,
                                std::int64_t cs, size_t cols, T* HWY_RESTRICT dst, size_t ld,
-                               size_t rows_pad) {
+                               size_t rows_pad, bool stream = false) {
   const size_t n = rows.count;
   if (std::abs(rs) < std::abs(cs)) {
     for (size_t c = 0; c < cols; ++c) {
@@ -507,6 +519,7 @@ HWY_INLINE void PackTransposed(const IO* HWY_RESTRICT base, const Rows& rows, st
     if constexpr (std::is_same<T, float>::value && std::is_same<IO, float>::value) {
       if (cs == 1 && cols >= 16 && rows.index == nullptr) {
         constexpr size_t kWide = 16;
+        const bool aligned = reinterpret_cast<std::uintptr_t>(dst) % 64 == 0 && ld % kWide == 0;
         const size_t c_full = cols / kWide * kWide;
         // Rows ahead of the 16 being packed to request (a multiple of 16, at least 16).
         const size_t ahead = std::max<size_t>(
@@ -518,7 +531,7 @@ HWY_INLINE void PackTransposed(const IO* HWY_RESTRICT base, const Rows& rows, st
             PrefetchRows<false>(base, Rows{nullptr, rows[r_begin + ahead], kWide}, rs, 1, cols);
           }
           for (size_t c0 = 0; c0 < c_full; c0 += kWide) {
-            Transpose16x16(src + c0, rs, dst + c0 * ld + r_begin, ld);
+            Transpose16x16(src + c0, rs, dst + c0 * ld + r_begin, ld, stream && aligned);
           }
           if (c_full < cols) {
             blocks8(r_begin, r_begin + kBlock, c_full);
@@ -533,30 +546,43 @@ HWY_INLINE void PackTransposed(const IO* HWY_RESTRICT base, const Rows& rows, st
   for (size_t c = 0; c < cols; ++c) {
     for (size_t r = n; r < rows_pad; ++r) dst[c * ld + r] = T(0);
   }
+  if (stream) hwy::FlushStream();
 }
 
 // element(r, c) = alpha * src[r * ld + c] for r < rows.count, c < cols: the inverse of PackRows,
 // rounding once to the storage type. src's rows are read in whole vectors: ld >= cols rounded up
 // to the vector length. Contiguous rows of the compute type are stored a vector at a time; a
-// sparse layout's dQ rows, stored by gathered tiles (2.5% of the YLG 128x128 backward's samples,
-// one thread), mostly wait on their scattered lines either way.
+// sparse layout's dQ rows, stored by gathered tiles, wait on their scattered lines (2.5% of the
+// YLG 128x128 backward's samples, one thread) unless stream (a result past the caches,
+// cpu/result_stores.h) writes rows of whole vectors that start on a vector boundary with
+// non-temporal stores, fenced before returning.
 template <typename T, typename IO>
 HWY_INLINE void StoreTile(const T* HWY_RESTRICT src, size_t ld, const Rows& rows, size_t cols,
-                          T alpha, IO* HWY_RESTRICT base, std::int64_t rs, std::int64_t cs) {
+                          T alpha, IO* HWY_RESTRICT base, std::int64_t rs, std::int64_t cs,
+                          bool stream) {
   if constexpr (std::is_same<IO, T>::value) {
     if (cs == 1) {
       const hn::ScalableTag<T> d;
       const size_t L = hn::Lanes(d);
       const auto va = hn::Set(d, alpha);
+      const size_t vector_bytes = L * sizeof(T);
+      const bool whole = stream && cols % L == 0 &&
+                         reinterpret_cast<std::uintptr_t>(base) % vector_bytes == 0 &&
+                         (rs * sizeof(T)) % vector_bytes == 0;
       for (size_t r = 0; r < rows.count; ++r) {
         IO* o = base + rows[r] * rs;
         const T* s = src + r * ld;
         size_t c = 0;
+        if (whole) {
+          for (; c < cols; c += L) hn::Stream(hn::Mul(hn::LoadU(d, s + c), va), d, o + c);
+          continue;
+        }
         for (; c + L <= cols; c += L) hn::StoreU(hn::Mul(hn::LoadU(d, s + c), va), d, o + c);
         if (c < cols) {
           hn::BlendedStore(hn::Mul(hn::LoadU(d, s + c), va), hn::FirstN(d, cols - c), d, o + c);
         }
       }
+      if (whole) hwy::FlushStream();
       return;
     }
   }

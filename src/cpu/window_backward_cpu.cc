@@ -64,6 +64,7 @@
 #include "core/workspace.h"
 #include "cpu/attention_cpu.h"
 #include "cpu/dtype_dispatch.h"
+#include "cpu/result_stores.h"
 #include "cpu/scratch.h"
 #include "cpu/tiling.h"
 #include "cpu/tile_ops-inl.h"
@@ -97,6 +98,7 @@ struct WindowBackwardPlan {
   std::int64_t group_first = 0;   // the (b, h) pairs packed now: group_first ..
   std::int64_t group_size = 0;
   std::int64_t phase = 0;         // the bands running now: phase, phase + P, ...
+  bool stream_grads = false;      // dK and dV past the caches (cpu/result_stores.h)
 
   // Bands of one head in `phase`.
   std::int64_t bands_in(std::int64_t ph) const { return (bands - ph + phases - 1) / phases; }
@@ -276,10 +278,10 @@ void BandTask(void* ctx, std::int64_t task, int thread) {
 
 // dst[n * stride[2] + e * stride[3]] = src[e * ld + n - n0] for positions [n0, n1) and rows
 // e < width: rows of positions, as the packed planes hold them, back into one head's (positions,
-// width) slice of dK or dV (dst at (b, h, 0, 0)).
+// width) slice of dK or dV (dst at (b, h, 0, 0)); stream: past the caches (cpu/result_stores.h).
 template <typename T, typename IO>
 HWY_INLINE void WriteRows(const T* src, size_t ld, std::int64_t n0, std::int64_t n1,
-                          std::int64_t width, IO* dst, const std::int64_t* stride) {
+                          std::int64_t width, IO* dst, const std::int64_t* stride, bool stream) {
   if (n0 >= n1 || width == 0) return;
   if constexpr (std::is_same<IO, T>::value) {
     if (stride[3] == 1) {
@@ -287,7 +289,7 @@ HWY_INLINE void WriteRows(const T* src, size_t ld, std::int64_t n0, std::int64_t
       PackTransposed<T, T>(src, Rows{nullptr, 0, static_cast<size_t>(width)},
                            static_cast<std::int64_t>(ld), 1, static_cast<size_t>(n1 - n0),
                            dst + n0 * stride[2], static_cast<size_t>(stride[2]),
-                           static_cast<size_t>(width));
+                           static_cast<size_t>(width), stream);
       return;
     }
   }
@@ -304,17 +306,17 @@ HWY_INLINE void WriteRows(const T* src, size_t ld, std::int64_t n0, std::int64_t
 template <typename T, typename IO>
 HWY_INLINE void WritePixels(const WindowGeometry<T>& g, const T* src, size_t ld,
                             std::int64_t n0, std::int64_t n1, std::int64_t width, IO* dst,
-                            const std::int64_t* stride) {
+                            const std::int64_t* stride, bool stream) {
   const std::int64_t lo = std::max<std::int64_t>(n0, 0), hi = std::min(n1, g.positions());
   if (g.pitch == g.width) {
-    if (lo < hi) WriteRows(src + (lo - n0), ld, lo, hi, width, dst, stride);
+    if (lo < hi) WriteRows(src + (lo - n0), ld, lo, hi, width, dst, stride, stream);
     return;
   }
   g.ForEachRowRun(lo, hi, [&](std::int64_t i, std::int64_t a, std::int64_t b) {
     b = std::min(b, g.width);  // pad columns hold no key
     if (a >= b) return;
     WriteRows(src + (i * g.pitch + a - n0), ld, i * g.width + a, i * g.width + b, width, dst,
-              stride);
+              stride, stream);
   });
 }
 
@@ -328,9 +330,11 @@ void UnpackTask(void* ctx, std::int64_t task, int /*thread*/) {
   const size_t col = static_cast<size_t>(plan.g->margin + chunk.n0);
   const std::int64_t n1 = chunk.n0 + chunk.count;
   WriteRows(plan.dkt(chunk.slot) + col, plan.ld(), chunk.n0, n1, p.dim_qk,
-            static_cast<IO*>(bp.dk) + offset4(bp.dk_stride, chunk.b, chunk.h, 0, 0), bp.dk_stride);
+            static_cast<IO*>(bp.dk) + offset4(bp.dk_stride, chunk.b, chunk.h, 0, 0), bp.dk_stride,
+            plan.stream_grads);
   WriteRows(plan.dvt(chunk.slot) + col, plan.ld(), chunk.n0, n1, p.dim_v,
-            static_cast<IO*>(bp.dv) + offset4(bp.dv_stride, chunk.b, chunk.h, 0, 0), bp.dv_stride);
+            static_cast<IO*>(bp.dv) + offset4(bp.dv_stride, chunk.b, chunk.h, 0, 0), bp.dv_stride,
+            plan.stream_grads);
 }
 
 // The unblocked backward: whole heads packed (a group at a time), bands of vectors in phases,
@@ -364,6 +368,7 @@ Status WholeHeadBackward(const AttentionBackwardParams& bp, const Host& host,
   // bands (6 per phase, 3 rounds of 2 threads each) where P = 2 gave 10 of twice the size (5 per
   // phase: a round with one thread idle).
   plan.phases = 3;
+  plan.stream_grads = stream_results(host, gradient_bytes(p, sizeof(IO)));
   plan.band_vectors = std::max<std::int64_t>(
       1, (g.off_max - g.off_min + (plan.phases - 1) * L - 1) / ((plan.phases - 1) * L));
   plan.bands = (g.vectors + plan.band_vectors - 1) / plan.band_vectors;
@@ -462,6 +467,7 @@ struct StreamBackwardPlan {
   std::int64_t bands;                  // per head
   std::int64_t bands_per_segment, segments;
   std::int64_t span;
+  bool stream_grads;  // dQ, dK and dV past the caches (cpu/result_stores.h)
   // Planes and scratch for the threads that run segments: at most one a task, however many
   // threads the host has (64 threads would otherwise hold 64 x 4.5 MB of planes at 256x256,
   // E = Ev = 16, for the 8 tasks of 4 heads). A thread claims its slot at its first task.
@@ -523,7 +529,8 @@ void ScatterBlocks(const StreamBackwardPlan<T>& plan, const GradStream<T>& s,
       const std::int64_t q0 = walk.position(v0, k);
       if (q0 >= g.positions()) break;
       StoreLanes(d, acc + k * acc_ld, static_cast<size_t>(p.dim_qk), g.valid_lanes(q0),
-                 arrays.scale, dq, g.tensor_position(q0), bp.dq_stride[2], bp.dq_stride[3]);
+                 arrays.scale, dq, g.tensor_position(q0), bp.dq_stride[2], bp.dq_stride[3],
+                 plan.stream_grads);
     }
     BlockScatter(d, g, S, s.dot + col, plan.ev_pad, s.dvt + col);  // dV^T += P dO^T
     BlockScatter(d, g, G, s.qt + col, plan.e_pad, s.dkt + col);    // dK^T += dS Q^T (Q scaled)
@@ -583,9 +590,11 @@ HWY_INLINE void WriteKeyGrads(const StreamBackwardPlan<T>& plan, std::int64_t bh
   const AttentionParams& p = bp.fwd;
   const std::int64_t b = bh / p.heads, h = bh % p.heads;
   WritePixels(*plan.g, dk_sums, ld, n0, n1, p.dim_qk,
-              static_cast<IO*>(bp.dk) + offset4(bp.dk_stride, b, h, 0, 0), bp.dk_stride);
+              static_cast<IO*>(bp.dk) + offset4(bp.dk_stride, b, h, 0, 0), bp.dk_stride,
+              plan.stream_grads);
   WritePixels(*plan.g, dv_sums, ld, n0, n1, p.dim_v,
-              static_cast<IO*>(bp.dv) + offset4(bp.dv_stride, b, h, 0, 0), bp.dv_stride);
+              static_cast<IO*>(bp.dv) + offset4(bp.dv_stride, b, h, 0, 0), bp.dv_stride,
+              plan.stream_grads);
 }
 
 // Writes the sums of keys [m0, m1) out of s: into the halo buffer `halo` (rows of `span`, its
@@ -706,6 +715,7 @@ Status StreamBackward(const AttentionBackwardParams& bp, const Host& host,
   plan.bp = &bp;
   plan.e_pad = e_pad;
   plan.ev_pad = ev_pad;
+  plan.stream_grads = stream_results(host, gradient_bytes(p, sizeof(IO)));
   // L2 holds the keys a band reaches, with their sums: 2 (e_pad + ev_pad) rows; two block rows at
   // least (the header says why).
   plan.blocks_per_band = std::max<std::int64_t>(

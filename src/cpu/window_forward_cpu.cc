@@ -181,7 +181,7 @@ void QueryTask(void* ctx, std::int64_t task, int thread) {
       }
       StoreLanes(d, acc, std::min(Ev, ev0 + 4 * quads) - ev0, lanes, inv_l,
                  out + static_cast<std::int64_t>(ev0) * p.out_stride[3], q0, p.out_stride[2],
-                 p.out_stride[3]);
+                 p.out_stride[3], /*stream=*/false);
     }
   }
 }
@@ -244,7 +244,7 @@ void StreamBandTask(void* ctx, std::int64_t task, int thread) {
         const std::int64_t q0 = walk.position(v0, k);
         if (q0 >= g.positions()) break;
         StoreLanes(d, acc + k * plan.ev_pad * L, Ev, g.valid_lanes(q0), inv_l + k * L, out,
-                   g.tensor_position(q0), p.out_stride[2], p.out_stride[3]);
+                   g.tensor_position(q0), p.out_stride[2], p.out_stride[3], /*stream=*/false);
       }
     }
   }

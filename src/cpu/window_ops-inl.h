@@ -544,11 +544,11 @@ HWY_INLINE hn::Vec<D> MaskOutside(D d, const WindowGeometry<T>& g, const T* dr_o
 // dst[(q0 + lane) * s_n + r * s_e] = src[r * L + lane] * scale[lane] for rows r < rows and
 // lanes < lanes: rows of L positions, as the kernels keep them, back into a (positions, width)
 // tensor; src is scaled in place; scale (L,), or null for none. A contiguous float output
-// takes the packing's 8 x 8 transpose (the element-wise stores were 5.6% of a 15x15 window's
-// backward).
+// takes the packing's transpose (the element-wise stores were 5.6% of a 15x15 window's
+// backward), with non-temporal stores when stream (cpu/result_stores.h).
 template <class D, typename T, typename IO>
 HWY_INLINE void StoreLanes(D d, T* src, size_t rows, size_t lanes, const T* scale, IO* dst,
-                           std::int64_t q0, std::int64_t s_n, std::int64_t s_e) {
+                           std::int64_t q0, std::int64_t s_n, std::int64_t s_e, bool stream) {
   const size_t L = hn::Lanes(d);
   if (scale != nullptr) {
     const auto sv = hn::Load(d, scale);
@@ -559,7 +559,7 @@ HWY_INLINE void StoreLanes(D d, T* src, size_t rows, size_t lanes, const T* scal
   if constexpr (std::is_same<IO, T>::value) {
     if (s_e == 1) {
       PackTransposed<T, T>(src, Rows{nullptr, 0, rows}, static_cast<std::int64_t>(L), 1, lanes,
-                           dst + q0 * s_n, static_cast<size_t>(s_n), rows);
+                           dst + q0 * s_n, static_cast<size_t>(s_n), rows, stream);
       return;
     }
   }

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <new>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -23,11 +24,30 @@ enum class Layout {
   kChannelsFirst, // (B, H, D, L) viewed transposed: an NCHW conv output, last-dim stride L
 };
 
+// Storage on 64-byte boundaries, as torch's CPU allocator gives: rows of whole cache lines then
+// start on one, which the kernels' non-temporal result stores need (cpu/result_stores.h).
+template <typename T>
+struct LineAligned {
+  using value_type = T;
+  static constexpr std::align_val_t kAlignment{64};
+  LineAligned() = default;
+  template <typename U>
+  LineAligned(const LineAligned<U>&) {}
+  T* allocate(std::size_t n) {
+    return static_cast<T*>(::operator new(n * sizeof(T), kAlignment));
+  }
+  void deallocate(T* p, std::size_t) { ::operator delete(p, kAlignment); }
+  template <typename U>
+  bool operator==(const LineAligned<U>&) const { return true; }
+  template <typename U>
+  bool operator!=(const LineAligned<U>&) const { return false; }
+};
+
 template <typename T>
 struct Tensor4 {
   std::array<std::int64_t, 4> size{};
   std::array<std::int64_t, 4> stride{};
-  std::vector<T> data;
+  std::vector<T, LineAligned<T>> data;
 
   std::int64_t numel() const { return size[0] * size[1] * size[2] * size[3]; }
   std::int64_t offset(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const {
