@@ -374,7 +374,19 @@ HWY_INLINE void PackRows(const IO* HWY_RESTRICT base, const Rows& rows, std::int
     for (size_t r = 0; r < n; ++r) {
       const IO* s = base + rows[r] * rs;
       if (cs == 1) {
-        for (size_t c = 0; c < cols; ++c) dst[r * ld + c] = alpha * Load<T>(s[c]);
+        size_t c = 0;
+        if constexpr (std::is_same<IO, T>::value) {
+          // Whole vectors: with alpha = 1 GCC turned the element loop into a memmove call per
+          // row (64 bytes at E = 16), 2.2% of a YLG 128x128 forward and backward's samples, in
+          // DeltaTask (the backward, 2 threads: 11.1-11.8 ms against 11.1-12.3, 4 rounds).
+          const hn::ScalableTag<T> d;
+          const size_t L = hn::Lanes(d);
+          const auto va = hn::Set(d, alpha);
+          for (; c + L <= cols; c += L) {
+            hn::StoreU(hn::Mul(hn::LoadU(d, s + c), va), d, dst + r * ld + c);
+          }
+        }
+        for (; c < cols; ++c) dst[r * ld + c] = alpha * Load<T>(s[c]);
       } else {
         for (size_t c = 0; c < cols; ++c) {
           dst[r * ld + c] = alpha * Load<T>(s[static_cast<std::int64_t>(c) * cs]);
