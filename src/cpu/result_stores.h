@@ -7,11 +7,15 @@
 // buffer waits on those reads. Non-temporal stores write whole lines past the caches. Measured
 // on the development VM (Intel AVX-512, 2 MiB L2 a core; 2 threads, builds alternated): YLG(8)
 // 128x128 over 64x64, E = Ev = 16, backward 13.2-14.5 -> 11.0-12.0 ms (medians of 20, 5
-// rounds); the 15 Manhattan window at 128x128, 4 heads, backward 185.6-193.0 -> 172.8-178.1
-// ns a query (5 rounds). A sum of the gradients right after cost the same either way (0.73-0.82
-// against 0.75-0.85 ms for YLG), so the consumer does not pay it back. The forward's output
-// measured no gain either way (the window forward, YLG's), and a result that fits the L2 would
-// send its reader to memory, so only gradients past the L2 stream.
+// rounds; one thread 24.0-26.8 -> 20.4-23.0 ms); the 15 Manhattan window at 128x128, 4 heads,
+// backward 185.6-193.0 -> 172.8-178.1 ns a query in one set of 5 rounds, ~1% in another of 6;
+// YLG 256x256 within noise. A sum of the gradients right after cost the same either way
+// (0.73-0.82 against 0.75-0.85 ms for YLG), so their reader does not pay it back. The forward's
+// output measured no gain (the window forward's; YLG's, also with its write prefetches dropped:
+// 5.58-6.16 against 5.70-5.79 ms, and the backward that reads O a little slower): on Intel a
+// non-temporal store takes a fill buffer as a miss does, and the sparse forward's scattered rows
+// keep those full. A result that fits the L2 would send its reader to memory, so only results
+// past the L2 stream.
 #pragma once
 
 #include <cstdint>

@@ -467,7 +467,7 @@ struct StreamBackwardPlan {
   std::int64_t bands;                  // per head
   std::int64_t bands_per_segment, segments;
   std::int64_t span;
-  bool stream_grads;  // dQ, dK and dV past the caches (cpu/result_stores.h)
+  bool stream_grads = false;  // dQ, dK and dV past the caches (cpu/result_stores.h)
   // Planes and scratch for the threads that run segments: at most one a task, however many
   // threads the host has (64 threads would otherwise hold 64 x 4.5 MB of planes at 256x256,
   // E = Ev = 16, for the 8 tasks of 4 heads). A thread claims its slot at its first task.
