@@ -341,7 +341,8 @@ void UnpackTask(void* ctx, std::int64_t task, int /*thread*/) {
 // then dK and dV written out.
 template <typename T, typename IO>
 Status WholeHeadBackward(const AttentionBackwardParams& bp, const Host& host,
-                         const WindowGeometry<T>& g, size_t e_pad, size_t ev_pad) {
+                         const WindowGeometry<T>& g, size_t e_pad, size_t ev_pad,
+                         bool stream_grads) {
   const AttentionParams& p = bp.fwd;
   const std::int64_t L = g.lanes;
   WindowBackwardPlan<T> plan;
@@ -368,7 +369,7 @@ Status WholeHeadBackward(const AttentionBackwardParams& bp, const Host& host,
   // bands (6 per phase, 3 rounds of 2 threads each) where P = 2 gave 10 of twice the size (5 per
   // phase: a round with one thread idle).
   plan.phases = 3;
-  plan.stream_grads = stream_results(host, gradient_bytes(p, sizeof(IO)));
+  plan.stream_grads = stream_grads;
   plan.band_vectors = std::max<std::int64_t>(
       1, (g.off_max - g.off_min + (plan.phases - 1) * L - 1) / ((plan.phases - 1) * L));
   plan.bands = (g.vectors + plan.band_vectors - 1) / plan.band_vectors;
@@ -706,7 +707,8 @@ constexpr std::int64_t kMinSegmentTasks = 8;
 
 template <typename T, typename IO>
 Status StreamBackward(const AttentionBackwardParams& bp, const Host& host,
-                      const WindowGeometry<T>& g, size_t e_pad, size_t ev_pad) {
+                      const WindowGeometry<T>& g, size_t e_pad, size_t ev_pad,
+                      bool stream_grads) {
   const AttentionParams& p = bp.fwd;
   const size_t L = VectorLanes<T>(), count = static_cast<size_t>(g.count);
   const int threads = std::max(host.num_threads, 1);
@@ -715,7 +717,7 @@ Status StreamBackward(const AttentionBackwardParams& bp, const Host& host,
   plan.bp = &bp;
   plan.e_pad = e_pad;
   plan.ev_pad = ev_pad;
-  plan.stream_grads = stream_results(host, gradient_bytes(p, sizeof(IO)));
+  plan.stream_grads = stream_grads;
   // L2 holds the keys a band reaches, with their sums: 2 (e_pad + ev_pad) rows; two block rows at
   // least (the header says why).
   plan.blocks_per_band = std::max<std::int64_t>(
@@ -770,8 +772,10 @@ Status WindowBackward(const AttentionBackwardParams& bp, const Host& host) {
                             kBlockOffsets);
   const size_t e_pad = static_cast<size_t>(round_up(std::max<std::int64_t>(p.dim_qk, 1), 4));
   const size_t ev_pad = static_cast<size_t>(round_up(std::max<std::int64_t>(p.dim_v, 1), 4));
-  if (g.block_rows > 1) return StreamBackward<T, IO>(bp, host, g, e_pad, ev_pad);
-  return WholeHeadBackward<T, IO>(bp, host, g, e_pad, ev_pad);
+  const bool stream_grads =
+      stream_results(host, gradient_bytes(p, static_cast<std::int64_t>(sizeof(IO))));
+  if (g.block_rows > 1) return StreamBackward<T, IO>(bp, host, g, e_pad, ev_pad, stream_grads);
+  return WholeHeadBackward<T, IO>(bp, host, g, e_pad, ev_pad, stream_grads);
 }
 
 ATTN2D_DTYPE_INSTANCES(WindowBackward, WindowBackward, AttentionBackwardParams)
