@@ -142,10 +142,10 @@ def _backward_setup_context(ctx, inputs, output):
 
 def _backward_backward(ctx, *grads):
     # Registered so that a double backward fails loudly instead of PyTorch's autograd fallback
-    # treating this op as constant (a silently wrong R1 penalty).
+    # treating the backward op as constant (a silently wrong R1 penalty).
     raise NotImplementedError(
-        "attn2d.attention: double backward (e.g. an R1 / gradient penalty through attention) "
-        "is not supported yet"
+        "attn2d: double backward (e.g. an R1 / gradient penalty) through attn2d.attention or "
+        "attn2d.attention2d is not supported yet"
     )
 
 

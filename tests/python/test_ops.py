@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import attn2d
+from attn2d.patterns import Window
 
 
 def _inputs(B=2, H=2, Lq=9, Lk=13, E=5, Ev=3, dtype=torch.float64):
@@ -69,10 +70,21 @@ def test_torch_compile_fullgraph_forward_and_backward():
         assert torch.allclose(g, t.grad)
 
 
-def test_double_backward_raises_instead_of_being_silently_wrong():
-    q, k, v = _inputs()
-    out = attn2d.attention(q, k, v)
-    (gq,) = torch.autograd.grad(out.sum(), q, create_graph=True)
+@pytest.mark.parametrize("entry,pattern", [
+    ("attention", None),
+    ("attention2d", None),
+    ("attention2d", Window(3, "manhattan")),  # the window kernels' own backward op
+    ("attention2d", Window(3, border="shift")),  # the tiled layout's
+], ids=["attention", "attention2d-global", "attention2d-window", "attention2d-tiles"])
+def test_double_backward_raises_instead_of_being_silently_wrong(entry, pattern):
+    if entry == "attention":
+        q, k, v = _inputs()
+        out = attn2d.attention(q, k, v)
+    else:
+        q, k, v = (torch.randn(1, 2, 6, 7, 4, dtype=torch.float64, requires_grad=True)
+                   for _ in range(3))
+        out = attn2d.attention2d(q, k, v, pattern=pattern)
+    (gq,) = torch.autograd.grad(out.square().sum(), q, create_graph=True)
     with pytest.raises(NotImplementedError, match="double backward"):
         gq.pow(2).sum().backward()
 
