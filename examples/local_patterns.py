@@ -12,12 +12,12 @@ mask (heads, Hq*Wq, Hk*Wk), for inspection.
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 import torch.nn.functional as F
 
 import attn2d
+from attn2d.bench import paired_speedup, time_training_steps
 from attn2d.patterns import YLG, Window
 
 
@@ -96,20 +96,14 @@ def sagan_beside_ylg_sagan(res: int, channels: int) -> None:
     """A training step (forward and backward) of the SAGAN block (global attention over 2x2
     pooled keys) and of the YLG-SAGAN block (8 heads of ESA patterns over the same keys)."""
     x = torch.randn(1, channels, res, res)
-    blocks = {
-        "SAGAN": attn2d.nn.SelfAttention2d(channels),
-        "YLG-SAGAN": attn2d.nn.SelfAttention2d(channels, heads=8, pattern=YLG(8)),
-    }
-    times = {name: [] for name in blocks}
-    for _ in range(5):  # interleaved, so both see the same machine state; medians reported
-        for name, block in blocks.items():
-            t0 = time.perf_counter()
-            block(x).square().mean().backward()
-            times[name].append(time.perf_counter() - t0)
-    med = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
-    print(f"{res}x{res}, {channels} channels, one training step (median of 5): SAGAN "
-          f"{1e3 * med['SAGAN']:.1f} ms, YLG-SAGAN {1e3 * med['YLG-SAGAN']:.1f} ms "
-          f"({med['SAGAN'] / med['YLG-SAGAN']:.1f}x)")
+    sagan = attn2d.nn.SelfAttention2d(channels)
+    ylg_sagan = attn2d.nn.SelfAttention2d(channels, heads=8, pattern=YLG(8))
+    # attn2d's own timing loop: the two blocks interleaved rep by rep, medians of 5.
+    a, b = time_training_steps([sagan, ylg_sagan], [x], reps=5)
+    print(f"{res}x{res}, {channels} channels, forward + backward (medians of 5): SAGAN "
+          f"{1e3 * a['fwd_bwd_s']:.1f} ms, YLG-SAGAN {1e3 * b['fwd_bwd_s']:.1f} ms "
+          f"(time ratio SAGAN / YLG-SAGAN, paired by rep: forward "
+          f"{paired_speedup(a, b, 'forward'):.2f}, backward {paired_speedup(a, b, 'backward'):.2f})")
 
 
 def main() -> None:

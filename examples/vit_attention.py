@@ -12,12 +12,12 @@ two against each other, and times a training step of each, interleaved (medians 
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 from torch import nn
 
 import attn2d
+from attn2d.bench import paired_speedup, time_training_steps
 
 
 class UnfusedAttention(nn.Module):
@@ -80,16 +80,12 @@ def main() -> None:
     if err > 1e-3:
         raise SystemExit("attn2d's block disagrees with the unfused one")
 
-    times = {"unfused": [], "attn2d": []}
-    for _ in range(5):  # interleaved, so both see the same machine state
-        for name, block in (("unfused", unfused), ("attn2d", fused)):
-            t0 = time.perf_counter()
-            block(x).square().mean().backward()
-            times[name].append(time.perf_counter() - t0)
-    med = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
-    print(f"one training step of the block, batch 2 (median of 5): unfused "
-          f"{1e3 * med['unfused']:.1f} ms, attn2d {1e3 * med['attn2d']:.1f} ms "
-          f"({med['unfused'] / med['attn2d']:.2f}x)")
+    # attn2d's own timing loop: the two blocks interleaved rep by rep, medians of 5.
+    a, b = time_training_steps([unfused, fused], [x], reps=5)
+    print(f"the block, batch 2, forward + backward (medians of 5): unfused "
+          f"{1e3 * a['fwd_bwd_s']:.1f} ms, attn2d {1e3 * b['fwd_bwd_s']:.1f} ms "
+          f"(time ratio unfused / attn2d, paired by rep: forward "
+          f"{paired_speedup(a, b, 'forward'):.2f}, backward {paired_speedup(a, b, 'backward'):.2f})")
 
 
 if __name__ == "__main__":

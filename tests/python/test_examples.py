@@ -14,9 +14,9 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 CASES = {
     "swap_seed_block.py": (["--res", "48", "--channels", "16"],
                            "48x48: one attn2d training step took"),
-    "local_patterns.py": (["--res", "16"], "16x16, 64 channels, one training step"),
+    "local_patterns.py": (["--res", "16"], "16x16, 64 channels, forward + backward"),
     "vit_attention.py": (["--tokens", "65", "--dim", "96", "--heads", "3"],
-                         "one training step of the block, batch 2"),
+                         "the block, batch 2, forward + backward"),
     "plan_gpu.py": (["--gpu", "t4"], "Recommendation: "),
 }
 
