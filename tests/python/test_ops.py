@@ -70,13 +70,23 @@ def test_torch_compile_fullgraph_forward_and_backward():
         assert torch.allclose(g, t.grad)
 
 
-@pytest.mark.parametrize("entry,pattern", [
-    ("attention", None),
-    ("attention2d", None),
-    ("attention2d", Window(3, "manhattan")),  # the window kernels' own backward op
-    ("attention2d", Window(3, border="shift")),  # the tiled layout's
+def _graph_nodes(fn):
+    seen, todo = [], [fn]
+    while todo:
+        node = todo.pop()
+        if node is not None and node not in seen:
+            seen.append(node)
+            todo.extend(n for n, _ in node.next_functions)
+    return seen
+
+
+@pytest.mark.parametrize("entry,pattern,backward_op", [
+    ("attention", None, "attention_backward"),
+    ("attention2d", None, "attention_backward"),
+    ("attention2d", Window(3, "manhattan"), "attention2d_window_backward"),
+    ("attention2d", Window(3, border="shift"), "attention2d_backward"),  # on the tiled layout
 ], ids=["attention", "attention2d-global", "attention2d-window", "attention2d-tiles"])
-def test_double_backward_raises_instead_of_being_silently_wrong(entry, pattern):
+def test_double_backward_raises_instead_of_being_silently_wrong(entry, pattern, backward_op):
     if entry == "attention":
         q, k, v = _inputs()
         out = attn2d.attention(q, k, v)
@@ -85,6 +95,9 @@ def test_double_backward_raises_instead_of_being_silently_wrong(entry, pattern):
                    for _ in range(3))
         out = attn2d.attention2d(q, k, v, pattern=pattern)
     (gq,) = torch.autograd.grad(out.square().sum(), q, create_graph=True)
+    # The gradient's graph holds the backward op this case is meant to cover.
+    assert any(f"attn2d_{backward_op}_default" in type(n).__name__
+               for n in _graph_nodes(gq.grad_fn))
     with pytest.raises(NotImplementedError, match="double backward"):
         gq.pow(2).sum().backward()
 
