@@ -1,5 +1,6 @@
-"""Each script in examples/ runs (small sizes) and reaches its last line: each checks attn2d
-against an unfused or dense-masked reference itself and exits non-zero when they disagree."""
+"""Each script in examples/ runs (small sizes) and reaches its last line; those that run
+attention check attn2d against an unfused or dense-masked reference themselves and exit non-zero
+when the two disagree. Bad arguments exit 2 with a message."""
 
 from __future__ import annotations
 
@@ -21,6 +22,11 @@ CASES = {
 }
 
 
+def run(script: str, args: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(EXAMPLES / script), *args], capture_output=True,
+                          text=True, timeout=300, check=False)
+
+
 def test_every_example_is_run_here():
     assert sorted(p.name for p in EXAMPLES.glob("*.py")) == sorted(CASES)
 
@@ -28,8 +34,7 @@ def test_every_example_is_run_here():
 @pytest.mark.parametrize("script", sorted(CASES))
 def test_example_runs(script):
     args, last = CASES[script]
-    proc = subprocess.run([sys.executable, str(EXAMPLES / script), *args], capture_output=True,
-                          text=True, timeout=300, check=False)
+    proc = run(script, args)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert last in proc.stdout, proc.stdout[-2000:]
 
@@ -41,7 +46,6 @@ def test_example_runs(script):
     ("plan_gpu.py", ["--channels", "4"]),
 ])
 def test_example_refuses_bad_arguments(script, args):
-    proc = subprocess.run([sys.executable, str(EXAMPLES / script), *args], capture_output=True,
-                          text=True, timeout=120, check=False)
+    proc = run(script, args)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "must" in proc.stderr
