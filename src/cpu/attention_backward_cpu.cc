@@ -38,6 +38,7 @@
 #include "cpu/dtype_dispatch.h"
 #include "cpu/bf16_pairs_avx512.h"
 #include "cpu/result_stores.h"
+#include "cpu/row_staging-inl.h"
 #include "cpu/scratch.h"
 #include "cpu/tile_ops-inl.h"
 #include "cpu/tiling.h"
@@ -902,9 +903,24 @@ void SparseQueryTileTask(void* ctx, std::int64_t task, int thread) {
 
 // T: the compute type; IO: the tensors' element type (T, or a 16-bit type).
 template <typename T, typename IO>
-Status Backward(const AttentionBackwardParams& bp, const Host& host) {
+Status Backward(const AttentionBackwardParams& in, const Host& host) {
+  if (in.fwd.batch == 0 || in.fwd.heads == 0) return Status::Ok();
+  AttentionBackwardParams bp = in;
   const AttentionParams& p = bp.fwd;
-  if (p.batch == 0 || p.heads == 0) return Status::Ok();
+  Workspace staged(host);
+  if (p.layout != nullptr) {
+    AttentionParams& f = bp.fwd;
+    const void* out = f.out;  // read only here
+    const Status s = StageRows<IO>(host, f.batch, f.heads,
+                                   {{&f.q, f.q_stride, f.len_q, f.dim_qk},
+                                    {&f.k, f.k_stride, f.len_k, f.dim_qk},
+                                    {&f.v, f.v_stride, f.len_k, f.dim_v},
+                                    {&out, f.out_stride, f.len_q, f.dim_v},
+                                    {&bp.dout, bp.dout_stride, f.len_q, f.dim_v}},
+                                   staged, "attention_backward");
+    if (!s.ok()) return s;
+    f.out = const_cast<void*>(out);
+  }
   const size_t L = VectorLanes<T>();
   BackwardPlan<T> plan;
   plan.bp = &bp;

@@ -22,6 +22,7 @@
 #include "cpu/attention_cpu.h"
 #include "cpu/dtype_dispatch.h"
 #include "cpu/bf16_pairs_avx512.h"
+#include "cpu/row_staging-inl.h"
 #include "cpu/scratch.h"
 #include "cpu/tile_ops-inl.h"
 #include "cpu/tiling.h"
@@ -431,8 +432,18 @@ void SparseForwardTask(void* ctx, std::int64_t task, int thread) {
 
 // T: the compute type (float for float32 and the 16-bit types); IO: the tensors' element type.
 template <typename T, typename IO>
-Status Forward(const AttentionParams& p, const Host& host) {
-  if (p.batch == 0 || p.heads == 0 || p.len_q == 0) return Status::Ok();
+Status Forward(const AttentionParams& in, const Host& host) {
+  if (in.batch == 0 || in.heads == 0 || in.len_q == 0) return Status::Ok();
+  AttentionParams p = in;
+  Workspace staged(host);
+  if (p.layout != nullptr) {
+    const Status s = StageRows<IO>(host, p.batch, p.heads,
+                                   {{&p.q, p.q_stride, p.len_q, p.dim_qk},
+                                    {&p.k, p.k_stride, p.len_k, p.dim_qk},
+                                    {&p.v, p.v_stride, p.len_k, p.dim_v}},
+                                   staged, "attention_forward");
+    if (!s.ok()) return s;
+  }
   const size_t L = VectorLanes<T>();
   ForwardPlan<T> plan;
   plan.p = &p;

@@ -147,7 +147,8 @@ template <typename T>
 void expect_sparse_matches_dense(std::int64_t B, std::int64_t H, std::int64_t Lq, std::int64_t Lk,
                                  std::int64_t E, std::int64_t Ev, int layouts,
                                  std::int64_t block_q, std::uint64_t seed, bool reach = false,
-                                 bool one_key = false) {
+                                 bool one_key = false,
+                                 Layout inputs = Layout::kSequenceMajor) {
   RandomLayout lay(H, Lq, Lk, layouts, block_q, seed, /*drop=*/0.0, reach, one_key);
   // The oracle: the reference backend with the layout's dense mask, per head.
   auto dense = make_problem<double>(B, H, Lq, Lk, E, Ev, Layout::kSequenceMajor, seed + 1,
@@ -156,7 +157,7 @@ void expect_sparse_matches_dense(std::int64_t B, std::int64_t H, std::int64_t Lq
     const std::int64_t l = lay.head_layout[h];
     std::copy_n(lay.dense.begin() + l * Lq * Lk, Lq * Lk, dense.mask.bools.begin() + h * Lq * Lk);
   }
-  auto sparse = make_problem<T>(B, H, Lq, Lk, E, Ev, Layout::kSequenceMajor, seed + 1);
+  auto sparse = make_problem<T>(B, H, Lq, Lk, E, Ev, inputs, seed + 1);
   auto cast = [](const Tensor4<T>& t) { return t.template cast<double>(); };
   dense.q = cast(sparse.q), dense.k = cast(sparse.k), dense.v = cast(sparse.v);
   dense.dout = cast(sparse.dout);
@@ -239,6 +240,21 @@ TEST_P(SparseAttention, OneKeyARowVisitsMatchTheOracleInEverySchedule) {
 TEST_P(SparseAttention, VisitsReachingPartOfTheirKeyTilesMatchTheOracle) {
   expect_sparse_matches_dense<double>(2, 3, 130, 150, 7, 5, 2, 64, 11, /*reach=*/true);
   expect_sparse_matches_dense<float>(1, 2, 100, 190, 16, 16, 2, 32, 12, /*reach=*/true);
+}
+
+// Channels-first q, k, v and dO (an NCHW conv output viewed as (B, H, L, D), as attn2d.nn passes
+// them): the kernels copy them to rows before gathering tiles (cpu/row_staging-inl.h); 16 x 16
+// float transposes at E = 16 and Ev = 24, with a remainder at E = 20, and element copies for
+// float64. Widths of one take no copy.
+TEST_P(SparseAttention, ChannelsFirstInputsMatchTheOracle) {
+  expect_sparse_matches_dense<float>(2, 2, 100, 90, 16, 24, 2, 32, 21, false, false,
+                                     Layout::kChannelsFirst);
+  expect_sparse_matches_dense<float>(1, 3, 70, 64, 20, 16, 1, 64, 22, true, true,
+                                     Layout::kChannelsFirst);
+  expect_sparse_matches_dense<double>(2, 3, 130, 150, 7, 5, 2, 64, 23, false, false,
+                                      Layout::kChannelsFirst);
+  expect_sparse_matches_dense<double>(1, 2, 17, 40, 1, 1, 1, 16, 24, false, false,
+                                      Layout::kChannelsFirst);
 }
 
 // Wide heads: a thread's 4 MiB of packed key tiles holds 7 of a head's ~21 (561 KiB a tile at

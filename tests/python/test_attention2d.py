@@ -16,15 +16,27 @@ from attn2d.patterns import YLG, YLG_PATTERNS, Window
 from reference import assert_within_rule, max_err, naive_attention, random_sweep_tests
 
 
-def run_both(pattern, q_hw, kv_hw, heads, dtype=torch.float64, E=7, Ev=5, B=2, strided=False,
+def storage_view(shape, dtype, storage):
+    """A random (B, heads, H, W, d) tensor stored as `storage` says: "rows" (contiguous),
+    "strided" (every other element of a wider last dimension: a non-unit stride along d) or
+    "channels_first" (a 1x1 conv's (B, heads*d, H, W) output viewed without a copy: stride 1
+    along W, H*W along d, as attn2d.nn passes it)."""
+    if storage == "rows":
+        return torch.randn(*shape, dtype=dtype)
+    if storage == "strided":
+        return torch.randn(*shape[:-1], 2 * shape[-1], dtype=dtype)[..., ::2]
+    if storage == "channels_first":
+        B, heads, H, W, d = shape
+        return torch.randn(B, heads, d, H, W, dtype=dtype).permute(0, 1, 3, 4, 2)
+    raise ValueError(f"storage: unknown {storage!r}")
+
+
+def run_both(pattern, q_hw, kv_hw, heads, dtype=torch.float64, E=7, Ev=5, B=2, storage="rows",
              relative_floor=False):
     def leaf(*shape):
-        if not strided:
-            return torch.randn(*shape, dtype=dtype, requires_grad=True)
-        # Every other element of a wider last dimension: a non-unit stride along E.
-        return torch.randn(*shape[:-1], 2 * shape[-1], dtype=dtype)[..., ::2].requires_grad_()
+        return storage_view(shape, dtype, storage).requires_grad_()
     q, k, v = leaf(B, heads, *q_hw, E), leaf(B, heads, *kv_hw, E), leaf(B, heads, *kv_hw, Ev)
-    grad = torch.randn(B, heads, *q_hw, Ev, dtype=dtype)
+    grad = storage_view((B, heads, *q_hw, Ev), dtype, storage)
     mask = pattern.dense_mask(q_hw, kv_hw, heads)
     results = {}
     for name, ref_dtype in (("ours", None), ("naive", dtype), ("oracle", torch.float64)):
@@ -85,7 +97,7 @@ def random_case(rng: random.Random):
     the pattern fits the map: small maps of any side, and a quarter of maps 16-48 pixels wide
     (widths a multiple of 16 take the blocked window kernels, in float32 and float64); keys
     pooled by 1-3 per axis; windows of every metric, border and dilation; YLG heads of random
-    kinds and either mapping; odd E and Ev; strided views."""
+    kinds and either mapping; odd E and Ev; strided and channels-first views."""
     while True:
         big = rng.random() < 0.25
         if big:
@@ -109,7 +121,8 @@ def random_case(rng: random.Random):
             continue
         return dict(pattern=pattern, q_hw=q_hw, kv_hw=kv_hw, heads=heads,
                     dtype=rng.choice([torch.float32, torch.float64]), E=rng.randint(1, 20),
-                    Ev=rng.randint(1, 20), B=rng.randint(1, 2), strided=rng.random() < 0.2)
+                    Ev=rng.randint(1, 20), B=rng.randint(1, 2),
+                    storage=rng.choice(["rows", "rows", "rows", "strided", "channels_first"]))
 
 
 test_random_combinations, test_random_combinations_sweep = random_sweep_tests(
@@ -121,8 +134,12 @@ test_random_combinations, test_random_combinations_sweep = random_sweep_tests(
     (YLG(8), (24, 24), (12, 12), 8),
     (Window(8, dilation=3, border="shift"), (31, 29), (31, 29), 1),
 ])
-def test_float32_within_twice_naive_error(pattern, q_hw, kv_hw, heads):
-    run_both(pattern, q_hw, kv_hw, heads, dtype=torch.float32, E=16, Ev=24)
+# channels_first: YLG and the shifted window run on gathered tiles, which copy such views to rows
+# first (16 x 16 transposes at E = 16 and Ev = 24, the output gradient too); the clipped window
+# on the window kernels.
+@pytest.mark.parametrize("storage", ["rows", "channels_first"])
+def test_float32_within_twice_naive_error(pattern, q_hw, kv_hw, heads, storage):
+    run_both(pattern, q_hw, kv_hw, heads, dtype=torch.float32, E=16, Ev=24, storage=storage)
 
 
 @pytest.mark.parametrize("pattern,heads", [(Window(3, "euclidean"), 2), (YLG(4), 4)], ids=repr)

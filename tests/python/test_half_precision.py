@@ -80,14 +80,21 @@ def test_fully_masked_rows_give_zero_and_zero_gradient(dtype):
 # 20 x 32: whole-vector rows, where a window runs on the blocked kernels and the forward's
 # streamed planes (several bands a head); 11 x 13 on the one-vector-at-a-time ones.
 @pytest.mark.parametrize("hw", [(11, 13), (20, 32)])
-def test_patterns_in_16_bit(dtype, pattern, hw):
+# channels_first: views of (B, H, d, Hq, Wq) tensors, as attn2d.nn passes conv outputs (the
+# output gradient too); the gathered-tile kernels copy them to rows first.
+@pytest.mark.parametrize("storage", ["rows", "channels_first"])
+def test_patterns_in_16_bit(dtype, pattern, hw, storage):
     torch.manual_seed(5)
     B, H, E = 2, 2, 8
     Hq, Wq = hw
-    q = torch.randn(B, H, Hq, Wq, E).to(dtype)
-    k = torch.randn(B, H, Hq, Wq, E).to(dtype)
-    v = torch.randn(B, H, Hq, Wq, 16).to(dtype)
-    g = torch.randn(B, H, Hq, Wq, 16).to(dtype)
+
+    def make(d):
+        if storage == "rows":
+            return torch.randn(B, H, Hq, Wq, d).to(dtype)
+        return torch.randn(B, H, d, Hq, Wq).to(dtype).permute(0, 1, 3, 4, 2)
+
+    q, k, v, g = make(E), make(E), make(16), make(16)
+    assert storage == "rows" or q.stride(-1) == Hq * Wq
     mask = pattern.dense_mask((Hq, Wq), (Hq, Wq), H)[None]
 
     def flat(t):

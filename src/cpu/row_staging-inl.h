@@ -1,0 +1,121 @@
+// Row-major copies of channels-first tensors for the gathered-tile (sparse layout) kernels.
+// A sparse layout's tiles gather scattered rows (a YLG tile's positions lie along Manhattan
+// anti-diagonals, W - 1 apart). In a channels-first view (attn2d.nn's 1x1-conv outputs viewed as
+// (B, heads, H, W, d): stride 1 along positions, H * W along channels) each element of a gathered
+// row lies on a cache line of its own, d lines a row where a row-major tensor has d / 16. YLG(8)
+// at 128x128 over 64x64, E = Ev = 16, two threads: forward 9.9 against 6.8 ms on row-major
+// inputs. Such a tensor is first copied to (B, heads, L, d) rows, in 16 x 16 transposes, once per
+// call: O(L d) workspace for the call's length.
+// Included once per SIMD target by foreach_target.h (hence the toggle guard below).
+
+#if defined(ATTN2D_SRC_CPU_ROW_STAGING_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef ATTN2D_SRC_CPU_ROW_STAGING_INL_H_
+#undef ATTN2D_SRC_CPU_ROW_STAGING_INL_H_
+#else
+#define ATTN2D_SRC_CPU_ROW_STAGING_INL_H_
+#endif
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <type_traits>
+
+#include "attn2d/host.h"
+#include "attn2d/status.h"
+#include "core/workspace.h"
+#include "cpu/tile_ops-inl.h"
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace attn2d {
+namespace cpu {
+namespace HWY_NAMESPACE {
+
+// One (batch, heads, len, width) tensor view to stage: *data and stride are replaced by the
+// row-major copy's when it is staged.
+struct StagedView {
+  const void** data;
+  std::int64_t* stride;
+  std::int64_t len;
+  std::int64_t width;
+};
+
+// Whether gathering rows of this view touches a line per element: its positions lie closer
+// together than its channels.
+inline bool GathersPerElement(const StagedView& v) {
+  return v.len > 1 && v.width > 1 && std::abs(v.stride[2]) < std::abs(v.stride[3]);
+}
+
+template <typename IO>
+struct StageJob {
+  const IO* src;
+  std::int64_t src_stride[4];
+  std::int64_t heads, len, width;
+  IO* dst;  // (batch, heads, len, width)
+};
+
+// One task: one (batch, head) plane of (width, len) into (len, width) rows.
+template <typename IO>
+void StageTask(void* ctx, std::int64_t task, int /*thread*/) {
+  const StageJob<IO>& job = *static_cast<const StageJob<IO>*>(ctx);
+  const std::int64_t b = task / job.heads, h = task % job.heads;
+  const IO* src = job.src + b * job.src_stride[0] + h * job.src_stride[1];
+  IO* dst = job.dst + task * job.len * job.width;
+  const std::int64_t rs = job.src_stride[3], cs = job.src_stride[2];
+  if constexpr (std::is_same<IO, float>::value || std::is_same<IO, double>::value) {
+    // Rows of the transpose are the channels: element (c, n) = src[c * rs + n * cs] goes to
+    // dst[n * width + c]; on AVX-512, 16 x 16 float blocks where positions are contiguous.
+    PackTransposed<IO, IO>(src, Rows{nullptr, 0, static_cast<size_t>(job.width)}, rs, cs,
+                           static_cast<size_t>(job.len), dst, static_cast<size_t>(job.width),
+                           static_cast<size_t>(job.width));
+  } else {
+    // 16-bit elements are copied as they are: blocks of 64 positions keep the destination's
+    // 64 rows in L1 while each channel's run is read once.
+    constexpr std::int64_t kBlock = 64;
+    for (std::int64_t n0 = 0; n0 < job.len; n0 += kBlock) {
+      const std::int64_t n1 = std::min(job.len, n0 + kBlock);
+      for (std::int64_t c = 0; c < job.width; ++c) {
+        const IO* s = src + c * rs;
+        for (std::int64_t n = n0; n < n1; ++n) dst[n * job.width + c] = s[n * cs];
+      }
+    }
+  }
+}
+
+// Stages every view that GathersPerElement into one workspace allocation (ws, which must outlive
+// the kernels that read the copies). `op` names the operation in an out-of-memory status.
+template <typename IO>
+Status StageRows(const Host& host, std::int64_t batch, std::int64_t heads,
+                 std::initializer_list<StagedView> views, Workspace& ws, const char* op) {
+  size_t elems = 0;
+  for (const StagedView& v : views) {
+    if (*v.data != nullptr && GathersPerElement(v)) {
+      elems += static_cast<size_t>(batch * heads * v.len * v.width);
+    }
+  }
+  if (elems == 0) return Status::Ok();
+  const Status reserved = ws.reserve(elems * sizeof(IO), op);
+  if (!reserved.ok()) return reserved;
+  IO* next = reinterpret_cast<IO*>(ws.data());
+  for (const StagedView& v : views) {
+    if (*v.data == nullptr || !GathersPerElement(v)) continue;
+    StageJob<IO> job{static_cast<const IO*>(*v.data), {v.stride[0], v.stride[1], v.stride[2],
+                     v.stride[3]}, heads, v.len, v.width, next};
+    run_tasks(host, batch * heads, &job, StageTask<IO>);
+    *v.data = next;
+    v.stride[0] = heads * v.len * v.width;
+    v.stride[1] = v.len * v.width;
+    v.stride[2] = v.width;
+    v.stride[3] = 1;
+    next += batch * heads * v.len * v.width;
+  }
+  return Status::Ok();
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace cpu
+}  // namespace attn2d
+HWY_AFTER_NAMESPACE();
+
+#endif  // ATTN2D_SRC_CPU_ROW_STAGING_INL_H_
