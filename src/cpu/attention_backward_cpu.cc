@@ -24,6 +24,7 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -74,6 +75,10 @@ struct BackwardPlan {
   // layout in tile order: (share_rows, E_pad) scaled q, (share_rows, Ev_pad) dO, then
   // (share_rows,) lse and (share_rows,) delta.
   T* gathered = nullptr;
+  // With `gathered`, where Q, K, V or dO is channels-first: per thread, room for one slice's
+  // row-major copies of them (cpu/row_staging-inl.h), staging_elems T's each; null otherwise.
+  T* staging = nullptr;
+  size_t staging_elems = 0;
   T* deltas = nullptr;  // (batch * heads, len_q): rowsum(dO * O), computed once before the tiles
   // bf16 tensors on a CPU with AVX512-BF16: all five products (S = Q K^T, dP = dO V^T,
   // dV = P^T dO, dK = dS^T q, dQ = dS K) run on VDPBF16PS from bf16 pairs (K^T and V^T packed as
@@ -707,6 +712,25 @@ void KeyTileGroup(const BackwardPlan<T>& plan, std::int64_t b, std::int64_t h, s
   std::int64_t first, last;
   GroupTiles(KeyTilesOf(plan, h), plan.dq_groups, g, &first, &last);
   if (p.layout != nullptr) {
+    if (plan.staging != nullptr) {
+      // Channels-first views: this slice's rows copied first, and the walk reads the copies.
+      AttentionBackwardParams rows_bp = *plan.bp;
+      AttentionParams& f = rows_bp.fwd;
+      BackwardPlan<T> rows_plan = plan;
+      rows_plan.bp = &rows_bp;
+      rows_plan.staging = nullptr;
+      IO* dst = reinterpret_cast<IO*>(plan.staging + static_cast<size_t>(thread) *
+                                                         plan.staging_elems);
+      for (const StagedView& v : {StagedView{&f.q, f.q_stride, f.len_q, f.dim_qk},
+                                  StagedView{&f.k, f.k_stride, f.len_k, f.dim_qk},
+                                  StagedView{&f.v, f.v_stride, f.len_k, f.dim_v},
+                                  StagedView{&rows_bp.dout, rows_bp.dout_stride, f.len_q,
+                                             f.dim_v}}) {
+        dst += StageSlice<IO>(v, b, h, dst);
+      }
+      KeyTileGroup<T, IO>(rows_plan, b, h, g, share, thread);
+      return;
+    }
     T* side = plan.gathered_side(thread);
     if (side != nullptr) GatherQuerySide<T, IO>(plan, b, h, side, a);
     for (std::int64_t t = first; t < last; ++t) SparseKeyTile<T, IO>(plan, b, h, t, share, a, side);
@@ -903,24 +927,9 @@ void SparseQueryTileTask(void* ctx, std::int64_t task, int thread) {
 
 // T: the compute type; IO: the tensors' element type (T, or a 16-bit type).
 template <typename T, typename IO>
-Status Backward(const AttentionBackwardParams& in, const Host& host) {
-  if (in.fwd.batch == 0 || in.fwd.heads == 0) return Status::Ok();
-  AttentionBackwardParams bp = in;
+Status Backward(const AttentionBackwardParams& bp, const Host& host) {
   const AttentionParams& p = bp.fwd;
-  Workspace staged(host);
-  if (p.layout != nullptr) {
-    AttentionParams& f = bp.fwd;
-    const void* out = f.out;  // read only here
-    const Status s = StageRows<IO>(host, f.batch, f.heads,
-                                   {{&f.q, f.q_stride, f.len_q, f.dim_qk},
-                                    {&f.k, f.k_stride, f.len_k, f.dim_qk},
-                                    {&f.v, f.v_stride, f.len_k, f.dim_v},
-                                    {&out, f.out_stride, f.len_q, f.dim_v},
-                                    {&bp.dout, bp.dout_stride, f.len_q, f.dim_v}},
-                                   staged, "attention_backward");
-    if (!s.ok()) return s;
-    f.out = const_cast<void*>(out);
-  }
+  if (p.batch == 0 || p.heads == 0) return Status::Ok();
   const size_t L = VectorLanes<T>();
   BackwardPlan<T> plan;
   plan.bp = &bp;
@@ -978,9 +987,23 @@ Status Backward(const AttentionBackwardParams& in, const Host& host) {
   const bool gather = sparse && schedule != BackwardSchedule::kTwoPasses && !plan.native_bf16 &&
                       gather_elems * sizeof(T) <= kMaxShareBytes;
   const size_t gathered_elems = gather ? gather_elems : 0;
+  // Channels-first views in those schedules: each thread copies its slice's rows first
+  // (KeyTileGroup), O(threads (len_q + len_k) (E + Ev)) where whole copies took the whole
+  // tensors (YLG(8) 128x128 over 64x64, E = Ev = 16: a step's peak 47.8 MiB against 27.8).
+  size_t staging_total = 0;
+  if (gather) {
+    AttentionBackwardParams c = bp;
+    const size_t per_slice = StagedElemsPerHead(std::array<StagedView, 4>{
+        {{&c.fwd.q, c.fwd.q_stride, p.len_q, p.dim_qk},
+         {&c.fwd.k, c.fwd.k_stride, p.len_k, p.dim_qk},
+         {&c.fwd.v, c.fwd.v_stride, p.len_k, p.dim_v},
+         {&c.dout, c.dout_stride, p.len_q, p.dim_v}}});
+    plan.staging_elems = (per_slice * sizeof(IO) + sizeof(T) - 1) / sizeof(T);
+    staging_total = plan.staging_elems * static_cast<size_t>(threads);
+  }
   const size_t delta_elems = static_cast<size_t>(slices * p.len_q);
   const size_t elems = plan.scratch_elems * static_cast<size_t>(threads) + share_total +
-                       gathered_elems + delta_elems;
+                       gathered_elems + delta_elems + staging_total;
   const size_t bytes = elems * sizeof(T);
   Workspace ws(host);
   const Status reserved = ws.reserve(bytes, "attention_backward");
@@ -989,6 +1012,7 @@ Status Backward(const AttentionBackwardParams& in, const Host& host) {
   plan.dq_shares = plan.workspace + plan.scratch_elems * static_cast<size_t>(threads);
   if (gather) plan.gathered = plan.dq_shares + share_total;
   plan.deltas = plan.dq_shares + share_total + gathered_elems;
+  if (staging_total > 0) plan.staging = plan.deltas + delta_elems;
   run_tasks(host, slices * plan.sum_chunks, &plan, DeltaTask<T, IO>);
   switch (schedule) {
     case BackwardSchedule::kWholeHeads:

@@ -7,6 +7,7 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -432,18 +433,8 @@ void SparseForwardTask(void* ctx, std::int64_t task, int thread) {
 
 // T: the compute type (float for float32 and the 16-bit types); IO: the tensors' element type.
 template <typename T, typename IO>
-Status Forward(const AttentionParams& in, const Host& host) {
-  if (in.batch == 0 || in.heads == 0 || in.len_q == 0) return Status::Ok();
-  AttentionParams p = in;
-  Workspace staged(host);
-  if (p.layout != nullptr) {
-    const Status s = StageRows<IO>(host, p.batch, p.heads,
-                                   {{&p.q, p.q_stride, p.len_q, p.dim_qk},
-                                    {&p.k, p.k_stride, p.len_k, p.dim_qk},
-                                    {&p.v, p.v_stride, p.len_k, p.dim_v}},
-                                   staged, "attention_forward");
-    if (!s.ok()) return s;
-  }
+Status ForwardOn(const AttentionParams& p, const Host& host) {
+  if (p.batch == 0 || p.heads == 0 || p.len_q == 0) return Status::Ok();
   const size_t L = VectorLanes<T>();
   ForwardPlan<T> plan;
   plan.p = &p;
@@ -491,6 +482,44 @@ Status Forward(const AttentionParams& in, const Host& host) {
   plan.workspace = reinterpret_cast<T*>(ws.data());
   run_tasks(host, p.batch * p.heads * plan.q_tiles, &plan,
             p.layout != nullptr ? SparseForwardTask<T, IO> : ForwardTask<T, IO>);
+  return Status::Ok();
+}
+
+// A sparse layout over views whose gathered rows would touch a line per element: runs of heads
+// of one batch element copied to rows (row_staging-inl.h), each run a problem of its own.
+template <typename T, typename IO>
+Status Forward(const AttentionParams& p, const Host& host) {
+  if (p.layout == nullptr) return ForwardOn<T, IO>(p, host);
+  AttentionParams sub = p;
+  // Views of sub's tensors: each run's staging repoints them.
+  const std::array<StagedView, 3> views{{{&sub.q, sub.q_stride, sub.len_q, sub.dim_qk},
+                                         {&sub.k, sub.k_stride, sub.len_k, sub.dim_qk},
+                                         {&sub.v, sub.v_stride, sub.len_k, sub.dim_v}}};
+  const size_t per_head = StagedElemsPerHead(views);
+  if (per_head == 0) return ForwardOn<T, IO>(p, host);
+  const std::int64_t run = HeadsPerStage(per_head * sizeof(IO), p.heads, host.num_threads);
+  Workspace ws(host);
+  const Status reserved =
+      ws.reserve(static_cast<size_t>(run) * per_head * sizeof(IO), "attention_forward");
+  if (!reserved.ok()) return reserved;
+  SparseLayout lay = *p.layout;
+  for (std::int64_t b = 0; b < p.batch; ++b) {
+    for (std::int64_t h0 = 0; h0 < p.heads; h0 += run) {
+      sub = p;
+      lay.head_layout = p.layout->head_layout + h0;
+      sub.layout = &lay;
+      sub.batch = 1;
+      sub.heads = std::min(run, p.heads - h0);
+      sub.q = AtHead(static_cast<const IO*>(p.q), p.q_stride, b, h0);
+      sub.k = AtHead(static_cast<const IO*>(p.k), p.k_stride, b, h0);
+      sub.v = AtHead(static_cast<const IO*>(p.v), p.v_stride, b, h0);
+      sub.out = AtHead(static_cast<IO*>(p.out), p.out_stride, b, h0);
+      sub.lse = AtHead(static_cast<T*>(p.lse), p.lse_stride, b, h0);
+      StageRows<IO>(host, sub.heads, views, reinterpret_cast<IO*>(ws.data()));
+      const Status s = ForwardOn<T, IO>(sub, host);
+      if (!s.ok()) return s;
+    }
+  }
   return Status::Ok();
 }
 

@@ -4,8 +4,10 @@
 // (B, heads, H, W, d): stride 1 along positions, H * W along channels) each element of a gathered
 // row lies on a cache line of its own, d lines a row where a row-major tensor has d / 16. YLG(8)
 // at 128x128 over 64x64, E = Ev = 16, two threads: forward 9.9 against 6.8 ms on row-major
-// inputs. Such a tensor is first copied to (B, heads, L, d) rows, in 16 x 16 transposes, once per
-// call: O(L d) workspace for the call's length.
+// inputs. Such tensors are first copied to rows, in 16 x 16 transposes, a run of heads of one
+// batch element at a time within kStageBudgetBytes, and the kernels run on each run as a
+// problem of its own. Copying whole tensors at once raised that case's forward and backward peak
+// from 27.8 to 47.8 MiB.
 // Included once per SIMD target by foreach_target.h (hence the toggle guard below).
 
 #if defined(ATTN2D_SRC_CPU_ROW_STAGING_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -16,13 +18,13 @@
 #endif
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <type_traits>
 
 #include "attn2d/host.h"
-#include "attn2d/status.h"
 #include "core/workspace.h"
 #include "cpu/tile_ops-inl.h"
 #include "hwy/highway.h"
@@ -83,34 +85,68 @@ void StageTask(void* ctx, std::int64_t task, int /*thread*/) {
   }
 }
 
-// Stages every view that GathersPerElement into one workspace allocation (ws, which must outlive
-// the kernels that read the copies). `op` names the operation in an out-of-memory status.
-template <typename IO>
-Status StageRows(const Host& host, std::int64_t batch, std::int64_t heads,
-                 std::initializer_list<StagedView> views, Workspace& ws, const char* op) {
+// Bytes of row-major copies one run of heads may hold (a 128x128 head's Q and dO at E = Ev = 16
+// take 1 MiB each, its 64x64 keys' K and V 0.25 MiB each).
+constexpr size_t kStageBudgetBytes = size_t{8} << 20;
+
+// Elements of the copies one head needs: every view that GathersPerElement.
+template <size_t N>
+size_t StagedElemsPerHead(const std::array<StagedView, N>& views) {
   size_t elems = 0;
   for (const StagedView& v : views) {
-    if (*v.data != nullptr && GathersPerElement(v)) {
-      elems += static_cast<size_t>(batch * heads * v.len * v.width);
-    }
+    if (*v.data != nullptr && GathersPerElement(v)) elems += static_cast<size_t>(v.len * v.width);
   }
-  if (elems == 0) return Status::Ok();
-  const Status reserved = ws.reserve(elems * sizeof(IO), op);
-  if (!reserved.ok()) return reserved;
-  IO* next = reinterpret_cast<IO*>(ws.data());
+  return elems;
+}
+
+// Heads per run: as many as kStageBudgetBytes holds (one at least), and where that is at least
+// the thread count a multiple of it, so that a schedule of whole heads keeps every thread busy.
+inline std::int64_t HeadsPerStage(size_t bytes_per_head, std::int64_t heads, int threads) {
+  std::int64_t n = static_cast<std::int64_t>(kStageBudgetBytes / std::max<size_t>(bytes_per_head, 1));
+  if (n >= threads) n -= n % threads;
+  return std::clamp<std::int64_t>(n, 1, heads);
+}
+
+// A view moved to (b, h0): the same arithmetic the kernels apply to reach a head.
+template <typename U>
+inline U* AtHead(U* data, const std::int64_t* stride, std::int64_t b, std::int64_t h0) {
+  return data == nullptr ? nullptr : data + b * stride[0] + h0 * stride[1];
+}
+
+// Copies every view that GathersPerElement, of `heads` heads of one batch element, to rows in
+// `buffer` (StagedElemsPerHead(views) * heads elements), and points the view there.
+template <typename IO, size_t N>
+void StageRows(const Host& host, std::int64_t heads, const std::array<StagedView, N>& views,
+               IO* buffer) {
   for (const StagedView& v : views) {
     if (*v.data == nullptr || !GathersPerElement(v)) continue;
     StageJob<IO> job{static_cast<const IO*>(*v.data), {v.stride[0], v.stride[1], v.stride[2],
-                     v.stride[3]}, heads, v.len, v.width, next};
-    run_tasks(host, batch * heads, &job, StageTask<IO>);
-    *v.data = next;
+                     v.stride[3]}, heads, v.len, v.width, buffer};
+    run_tasks(host, heads, &job, StageTask<IO>);
+    *v.data = buffer;
     v.stride[0] = heads * v.len * v.width;
     v.stride[1] = v.len * v.width;
     v.stride[2] = v.width;
     v.stride[3] = 1;
-    next += batch * heads * v.len * v.width;
+    buffer += heads * v.len * v.width;
   }
-  return Status::Ok();
+}
+
+// The backward's form, inside a task that walks one (b, h) slice: copies that slice of the view
+// to rows at dst (len * width elements) when it GathersPerElement, and points the view there with
+// zero batch and head strides, so that the kernels' offsets of (b, h) land on the copy. Returns
+// the elements used.
+template <typename IO>
+size_t StageSlice(const StagedView& v, std::int64_t b, std::int64_t h, IO* dst) {
+  if (*v.data == nullptr || !GathersPerElement(v)) return 0;
+  StageJob<IO> job{static_cast<const IO*>(*v.data) + b * v.stride[0] + h * v.stride[1],
+                   {0, 0, v.stride[2], v.stride[3]}, 1, v.len, v.width, dst};
+  StageTask<IO>(&job, 0, 0);
+  *v.data = dst;
+  v.stride[0] = v.stride[1] = 0;
+  v.stride[2] = v.width;
+  v.stride[3] = 1;
+  return static_cast<size_t>(v.len * v.width);
 }
 
 }  // namespace HWY_NAMESPACE

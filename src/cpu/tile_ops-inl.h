@@ -795,13 +795,22 @@ HWY_INLINE T DotRow(const T* HWY_RESTRICT x, const IO* HWY_RESTRICT y, size_t n,
   size_t e = 0;
   T s = 0;
   if constexpr (std::is_same<IO, T>::value) {
+    const hn::ScalableTag<T> d;
+    const size_t L = hn::Lanes(d);
+    auto dot = hn::Zero(d);
     if (ys == 1) {
-      const hn::ScalableTag<T> d;
-      const size_t L = hn::Lanes(d);
-      auto dot = hn::Zero(d);
       for (; e + L <= n; e += L) dot = hn::MulAdd(hn::LoadU(d, x + e), hn::LoadU(d, y + e), dot);
-      s = hn::GetLane(hn::SumOfLanes(d, dot));
+    } else {
+      // The same sums in the same order as a contiguous row's, so that the result does not
+      // depend on the layout (the sparse backward reads some slices from row-major copies,
+      // cpu/row_staging-inl.h, and every schedule must give the same bits).
+      HWY_ALIGN T lanes[HWY_MAX_BYTES / sizeof(T)];
+      for (; e + L <= n; e += L) {
+        for (size_t i = 0; i < L; ++i) lanes[i] = y[static_cast<std::int64_t>(e + i) * ys];
+        dot = hn::MulAdd(hn::LoadU(d, x + e), hn::Load(d, lanes), dot);
+      }
     }
+    s = hn::GetLane(hn::SumOfLanes(d, dot));
   }
   for (; e < n; ++e) s += x[e] * Load<T>(y[static_cast<std::int64_t>(e) * ys]);
   return s;
@@ -830,12 +839,19 @@ HWY_INLINE void AxpyRow(T* HWY_RESTRICT x, T a, const IO* HWY_RESTRICT y, size_t
                         std::int64_t ys) {
   size_t e = 0;
   if constexpr (std::is_same<IO, T>::value) {
+    const hn::ScalableTag<T> d;
+    const size_t L = hn::Lanes(d);
+    const auto va = hn::Set(d, a);
     if (ys == 1) {
-      const hn::ScalableTag<T> d;
-      const size_t L = hn::Lanes(d);
-      const auto va = hn::Set(d, a);
       for (; e + L <= n; e += L) {
         hn::StoreU(hn::MulAdd(va, hn::LoadU(d, y + e), hn::LoadU(d, x + e)), d, x + e);
+      }
+    } else {
+      // Fused as a contiguous row's are, whatever the layout (DotRow says why).
+      HWY_ALIGN T lanes[HWY_MAX_BYTES / sizeof(T)];
+      for (; e + L <= n; e += L) {
+        for (size_t i = 0; i < L; ++i) lanes[i] = y[static_cast<std::int64_t>(e + i) * ys];
+        hn::StoreU(hn::MulAdd(va, hn::Load(d, lanes), hn::LoadU(d, x + e)), d, x + e);
       }
     }
   }
