@@ -788,6 +788,39 @@ HWY_INLINE int SingleKeyColumn(std::uint64_t word, size_t count) {
   return w == 0 ? -1 : __builtin_ctzll(w);
 }
 
+// DotRow's and AxpyRow's whole vectors for a strided row y (T elements), gathered a vector at a
+// time and then summed or fused exactly as a contiguous row's are, so that results do not depend
+// on the layout: the sparse backward reads some slices from row-major copies
+// (cpu/row_staging-inl.h), and every schedule must give the same bits. Kept out of line: inlined,
+// they slowed the contiguous rows' single-key visits. Return the elements done.
+template <typename T, class V>
+HWY_NOINLINE size_t StridedDotVectors(const T* HWY_RESTRICT x, const T* HWY_RESTRICT y, size_t n,
+                                      std::int64_t ys, V* dot) {
+  const hn::ScalableTag<T> d;
+  const size_t L = hn::Lanes(d);
+  HWY_ALIGN T lanes[HWY_MAX_BYTES / sizeof(T)];
+  size_t e = 0;
+  for (; e + L <= n; e += L) {
+    for (size_t i = 0; i < L; ++i) lanes[i] = y[static_cast<std::int64_t>(e + i) * ys];
+    *dot = hn::MulAdd(hn::LoadU(d, x + e), hn::Load(d, lanes), *dot);
+  }
+  return e;
+}
+
+template <typename T, class V>
+HWY_NOINLINE size_t StridedAxpyVectors(T* HWY_RESTRICT x, V va, const T* HWY_RESTRICT y, size_t n,
+                                       std::int64_t ys) {
+  const hn::ScalableTag<T> d;
+  const size_t L = hn::Lanes(d);
+  HWY_ALIGN T lanes[HWY_MAX_BYTES / sizeof(T)];
+  size_t e = 0;
+  for (; e + L <= n; e += L) {
+    for (size_t i = 0; i < L; ++i) lanes[i] = y[static_cast<std::int64_t>(e + i) * ys];
+    hn::StoreU(hn::MulAdd(va, hn::Load(d, lanes), hn::LoadU(d, x + e)), d, x + e);
+  }
+  return e;
+}
+
 // sum over e < n of x[e] * y[e * ys]: x packed (T), y a tensor row (IO, stride ys in elements).
 template <typename T, typename IO>
 HWY_INLINE T DotRow(const T* HWY_RESTRICT x, const IO* HWY_RESTRICT y, size_t n,
@@ -801,14 +834,7 @@ HWY_INLINE T DotRow(const T* HWY_RESTRICT x, const IO* HWY_RESTRICT y, size_t n,
     if (ys == 1) {
       for (; e + L <= n; e += L) dot = hn::MulAdd(hn::LoadU(d, x + e), hn::LoadU(d, y + e), dot);
     } else {
-      // The same sums in the same order as a contiguous row's, so that the result does not
-      // depend on the layout (the sparse backward reads some slices from row-major copies,
-      // cpu/row_staging-inl.h, and every schedule must give the same bits).
-      HWY_ALIGN T lanes[HWY_MAX_BYTES / sizeof(T)];
-      for (; e + L <= n; e += L) {
-        for (size_t i = 0; i < L; ++i) lanes[i] = y[static_cast<std::int64_t>(e + i) * ys];
-        dot = hn::MulAdd(hn::LoadU(d, x + e), hn::Load(d, lanes), dot);
-      }
+      e = StridedDotVectors(x, y, n, ys, &dot);
     }
     s = hn::GetLane(hn::SumOfLanes(d, dot));
   }
@@ -847,12 +873,7 @@ HWY_INLINE void AxpyRow(T* HWY_RESTRICT x, T a, const IO* HWY_RESTRICT y, size_t
         hn::StoreU(hn::MulAdd(va, hn::LoadU(d, y + e), hn::LoadU(d, x + e)), d, x + e);
       }
     } else {
-      // Fused as a contiguous row's are, whatever the layout (DotRow says why).
-      HWY_ALIGN T lanes[HWY_MAX_BYTES / sizeof(T)];
-      for (; e + L <= n; e += L) {
-        for (size_t i = 0; i < L; ++i) lanes[i] = y[static_cast<std::int64_t>(e + i) * ys];
-        hn::StoreU(hn::MulAdd(va, hn::Load(d, lanes), hn::LoadU(d, x + e)), d, x + e);
-      }
+      e = StridedAxpyVectors(x, va, y, n, ys);
     }
   }
   for (; e < n; ++e) x[e] += a * Load<T>(y[static_cast<std::int64_t>(e) * ys]);
