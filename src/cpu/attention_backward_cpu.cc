@@ -79,6 +79,7 @@ struct BackwardPlan {
   // row-major copies of them (cpu/row_staging-inl.h), staging_elems T's each; null otherwise.
   T* staging = nullptr;
   size_t staging_elems = 0;
+  bool q_tiles_apart = false, k_tiles_apart = false;  // ScatteredTiles of the layout
   T* deltas = nullptr;  // (batch * heads, len_q): rowsum(dO * O), computed once before the tiles
   // bf16 tensors on a CPU with AVX512-BF16: all five products (S = Q K^T, dP = dO V^T,
   // dV = P^T dO, dK = dS^T q, dQ = dS K) run on VDPBF16PS from bf16 pairs (K^T and V^T packed as
@@ -721,11 +722,12 @@ void KeyTileGroup(const BackwardPlan<T>& plan, std::int64_t b, std::int64_t h, s
       rows_plan.staging = nullptr;
       IO* dst = reinterpret_cast<IO*>(plan.staging + static_cast<size_t>(thread) *
                                                          plan.staging_elems);
-      for (const StagedView& v : {StagedView{&f.q, f.q_stride, f.len_q, f.dim_qk},
-                                  StagedView{&f.k, f.k_stride, f.len_k, f.dim_qk},
-                                  StagedView{&f.v, f.v_stride, f.len_k, f.dim_v},
-                                  StagedView{&rows_bp.dout, rows_bp.dout_stride, f.len_q,
-                                             f.dim_v}}) {
+      for (const StagedView& v :
+           {StagedView{&f.q, f.q_stride, f.len_q, f.dim_qk, plan.q_tiles_apart},
+            StagedView{&f.k, f.k_stride, f.len_k, f.dim_qk, plan.k_tiles_apart},
+            StagedView{&f.v, f.v_stride, f.len_k, f.dim_v, plan.k_tiles_apart},
+            StagedView{&rows_bp.dout, rows_bp.dout_stride, f.len_q, f.dim_v,
+                       plan.q_tiles_apart}}) {
         dst += StageSlice<IO>(v, b, h, dst);
       }
       KeyTileGroup<T, IO>(rows_plan, b, h, g, share, thread);
@@ -992,12 +994,15 @@ Status Backward(const AttentionBackwardParams& bp, const Host& host) {
   // tensors (YLG(8) 128x128 over 64x64, E = Ev = 16: a step's peak 47.8 MiB against 27.8).
   size_t staging_total = 0;
   if (gather) {
+    plan.q_tiles_apart = ScatteredTiles(*p.layout, true);
+    plan.k_tiles_apart = ScatteredTiles(*p.layout, false);
     AttentionBackwardParams c = bp;
+    const bool qa = plan.q_tiles_apart, ka = plan.k_tiles_apart;
     const size_t per_slice = StagedElemsPerHead(std::array<StagedView, 4>{
-        {{&c.fwd.q, c.fwd.q_stride, p.len_q, p.dim_qk},
-         {&c.fwd.k, c.fwd.k_stride, p.len_k, p.dim_qk},
-         {&c.fwd.v, c.fwd.v_stride, p.len_k, p.dim_v},
-         {&c.dout, c.dout_stride, p.len_q, p.dim_v}}});
+        {{&c.fwd.q, c.fwd.q_stride, p.len_q, p.dim_qk, qa},
+         {&c.fwd.k, c.fwd.k_stride, p.len_k, p.dim_qk, ka},
+         {&c.fwd.v, c.fwd.v_stride, p.len_k, p.dim_v, ka},
+         {&c.dout, c.dout_stride, p.len_q, p.dim_v, qa}}});
     plan.staging_elems = (per_slice * sizeof(IO) + sizeof(T) - 1) / sizeof(T);
     staging_total = plan.staging_elems * static_cast<size_t>(threads);
   }

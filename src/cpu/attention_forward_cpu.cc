@@ -492,9 +492,10 @@ Status Forward(const AttentionParams& p, const Host& host) {
   if (p.layout == nullptr) return ForwardOn<T, IO>(p, host);
   AttentionParams sub = p;
   // Views of sub's tensors: each run's staging repoints them.
-  const std::array<StagedView, 3> views{{{&sub.q, sub.q_stride, sub.len_q, sub.dim_qk},
-                                         {&sub.k, sub.k_stride, sub.len_k, sub.dim_qk},
-                                         {&sub.v, sub.v_stride, sub.len_k, sub.dim_v}}};
+  const bool q_apart = ScatteredTiles(*p.layout, true), k_apart = ScatteredTiles(*p.layout, false);
+  const std::array<StagedView, 3> views{{{&sub.q, sub.q_stride, sub.len_q, sub.dim_qk, q_apart},
+                                         {&sub.k, sub.k_stride, sub.len_k, sub.dim_qk, k_apart},
+                                         {&sub.v, sub.v_stride, sub.len_k, sub.dim_v, k_apart}}};
   const size_t per_head = StagedElemsPerHead(views);
   if (per_head == 0) return ForwardOn<T, IO>(p, host);
   const std::int64_t run = HeadsPerStage(per_head * sizeof(IO), p.heads, host.num_threads);
