@@ -788,35 +788,21 @@ HWY_INLINE int SingleKeyColumn(std::uint64_t word, size_t count) {
   return w == 0 ? -1 : __builtin_ctzll(w);
 }
 
-// DotRow's and AxpyRow's whole vectors for a strided row y (T elements), gathered a vector at a
-// time and then summed or fused exactly as a contiguous row's are, so that results do not depend
-// on the layout: the sparse backward reads some slices from row-major copies
-// (cpu/row_staging-inl.h), and every schedule must give the same bits. Kept out of line: inlined,
-// they slowed the contiguous rows' single-key visits. Return the elements done.
-template <typename T, class V>
-HWY_NOINLINE size_t StridedDotVectors(const T* HWY_RESTRICT x, const T* HWY_RESTRICT y, size_t n,
-                                      std::int64_t ys, V* dot) {
+// fn(e, v) for each whole vector v = (y[e * ys], ..., y[(e + L - 1) * ys]) of a strided row y
+// (T elements); returns the elements done. DotRow and AxpyRow then sum or fuse exactly as for a
+// contiguous row, so that results do not depend on the layout: the sparse backward reads some
+// slices from row-major copies (cpu/row_staging-inl.h), and every schedule must give the same
+// bits. Out of line: inlined, the gathers grew the contiguous rows' single-key visits.
+template <typename T, class VectorFn>
+HWY_NOINLINE size_t ForStridedVectors(const T* HWY_RESTRICT y, size_t n, std::int64_t ys,
+                                      const VectorFn& fn) {
   const hn::ScalableTag<T> d;
   const size_t L = hn::Lanes(d);
   HWY_ALIGN T lanes[HWY_MAX_BYTES / sizeof(T)];
   size_t e = 0;
   for (; e + L <= n; e += L) {
     for (size_t i = 0; i < L; ++i) lanes[i] = y[static_cast<std::int64_t>(e + i) * ys];
-    *dot = hn::MulAdd(hn::LoadU(d, x + e), hn::Load(d, lanes), *dot);
-  }
-  return e;
-}
-
-template <typename T, class V>
-HWY_NOINLINE size_t StridedAxpyVectors(T* HWY_RESTRICT x, V va, const T* HWY_RESTRICT y, size_t n,
-                                       std::int64_t ys) {
-  const hn::ScalableTag<T> d;
-  const size_t L = hn::Lanes(d);
-  HWY_ALIGN T lanes[HWY_MAX_BYTES / sizeof(T)];
-  size_t e = 0;
-  for (; e + L <= n; e += L) {
-    for (size_t i = 0; i < L; ++i) lanes[i] = y[static_cast<std::int64_t>(e + i) * ys];
-    hn::StoreU(hn::MulAdd(va, hn::Load(d, lanes), hn::LoadU(d, x + e)), d, x + e);
+    fn(e, hn::Load(d, lanes));
   }
   return e;
 }
@@ -834,7 +820,9 @@ HWY_INLINE T DotRow(const T* HWY_RESTRICT x, const IO* HWY_RESTRICT y, size_t n,
     if (ys == 1) {
       for (; e + L <= n; e += L) dot = hn::MulAdd(hn::LoadU(d, x + e), hn::LoadU(d, y + e), dot);
     } else {
-      e = StridedDotVectors(x, y, n, ys, &dot);
+      e = ForStridedVectors(y, n, ys, [&](size_t i, decltype(dot) yv) {
+        dot = hn::MulAdd(hn::LoadU(d, x + i), yv, dot);
+      });
     }
     s = hn::GetLane(hn::SumOfLanes(d, dot));
   }
@@ -873,7 +861,9 @@ HWY_INLINE void AxpyRow(T* HWY_RESTRICT x, T a, const IO* HWY_RESTRICT y, size_t
         hn::StoreU(hn::MulAdd(va, hn::LoadU(d, y + e), hn::LoadU(d, x + e)), d, x + e);
       }
     } else {
-      e = StridedAxpyVectors(x, va, y, n, ys);
+      e = ForStridedVectors(y, n, ys, [&](size_t i, decltype(va) yv) {
+        hn::StoreU(hn::MulAdd(va, yv, hn::LoadU(d, x + i)), d, x + i);
+      });
     }
   }
   for (; e < n; ++e) x[e] += a * Load<T>(y[static_cast<std::int64_t>(e) * ys]);
