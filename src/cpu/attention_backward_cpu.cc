@@ -990,10 +990,14 @@ Status Backward(const AttentionBackwardParams& bp, const Host& host) {
                       gather_elems * sizeof(T) <= kMaxShareBytes;
   const size_t gathered_elems = gather ? gather_elems : 0;
   // Channels-first views in those schedules: each thread copies its slice's rows first
-  // (KeyTileGroup), O(threads (len_q + len_k) (E + Ev)) where whole copies took the whole
-  // tensors (YLG(8) 128x128 over 64x64, E = Ev = 16: a step's peak 47.8 MiB against 27.8).
+  // (KeyTileGroup), O(threads (len_q + len_k) (E + Ev)) of workspace. Copies of the whole tensors
+  // raised a step's peak (YLG(8) 128x128 over 64x64, E = Ev = 16) from 27.8 to 47.8 MiB; these
+  // to 32.7, the forward's runs included.
   size_t staging_total = 0;
-  if (gather) {
+  if (gather && (ChannelsFirst(p.q_stride, p.len_q, p.dim_qk) ||
+                 ChannelsFirst(p.k_stride, p.len_k, p.dim_qk) ||
+                 ChannelsFirst(p.v_stride, p.len_k, p.dim_v) ||
+                 ChannelsFirst(bp.dout_stride, p.len_q, p.dim_v))) {
     plan.q_tiles_apart = ScatteredTiles(*p.layout, true);
     plan.k_tiles_apart = ScatteredTiles(*p.layout, false);
     AttentionBackwardParams c = bp;

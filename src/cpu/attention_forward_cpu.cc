@@ -489,7 +489,11 @@ Status ForwardOn(const AttentionParams& p, const Host& host) {
 // of one batch element copied to rows (row_staging-inl.h), each run a problem of its own.
 template <typename T, typename IO>
 Status Forward(const AttentionParams& p, const Host& host) {
-  if (p.layout == nullptr) return ForwardOn<T, IO>(p, host);
+  if (p.layout == nullptr || !(ChannelsFirst(p.q_stride, p.len_q, p.dim_qk) ||
+                               ChannelsFirst(p.k_stride, p.len_k, p.dim_qk) ||
+                               ChannelsFirst(p.v_stride, p.len_k, p.dim_v))) {
+    return ForwardOn<T, IO>(p, host);
+  }
   AttentionParams sub = p;
   // Views of sub's tensors: each run's staging repoints them.
   const bool q_apart = ScatteredTiles(*p.layout, true), k_apart = ScatteredTiles(*p.layout, false);

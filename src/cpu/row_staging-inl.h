@@ -44,11 +44,15 @@ struct StagedView {
   bool scattered;  // the layout's tiles over these rows are ScatteredTiles
 };
 
-// Whether gathering rows of this view touches a line per element: its positions lie closer
-// together than its channels, and its tiles' rows lie apart.
+// Whether a (batch, heads, len, width) view's positions lie closer together than its channels.
+inline bool ChannelsFirst(const std::int64_t* stride, std::int64_t len, std::int64_t width) {
+  return len > 1 && width > 1 && std::abs(stride[2]) < std::abs(stride[3]);
+}
+
+// Whether gathering rows of this view touches a line per element: it is ChannelsFirst, and its
+// tiles' rows lie apart.
 inline bool GathersPerElement(const StagedView& v) {
-  return v.scattered && v.len > 1 && v.width > 1 &&
-         std::abs(v.stride[2]) < std::abs(v.stride[3]);
+  return v.scattered && ChannelsFirst(v.stride, v.len, v.width);
 }
 
 // Whether a layout's query (or key) tiles hold rows that lie apart: at more than half of a
