@@ -4,10 +4,11 @@
 // (B, heads, H, W, d): stride 1 along positions, H * W along channels) each element of a gathered
 // row lies on a cache line of its own, d lines a row where a row-major tensor has d / 16. YLG(8)
 // at 128x128 over 64x64, E = Ev = 16, two threads: forward 9.9 against 6.8 ms on row-major
-// inputs. Such tensors are first copied to rows, in 16 x 16 transposes, a run of heads of one
-// batch element at a time within kStageBudgetBytes, and the kernels run on each run as a
-// problem of its own. Copying whole tensors at once raised that case's forward and backward peak
-// from 27.8 to 47.8 MiB.
+// inputs. Where a layout's tiles are ScatteredTiles, such views are first copied to rows, in
+// 16 x 16 transposes: the forward a run of heads of one batch element at a time within
+// kStageBudgetBytes, each run a problem of its own (StageRows); the backward one slice a thread,
+// before the thread walks it (StageSlice). Copying whole tensors at once raised that case's
+// forward and backward peak from 27.8 to 47.8 MiB; these copies to 32.7.
 // Included once per SIMD target by foreach_target.h (hence the toggle guard below).
 
 #if defined(ATTN2D_SRC_CPU_ROW_STAGING_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -25,6 +26,7 @@
 #include <type_traits>
 
 #include "attn2d/host.h"
+#include "attn2d/sparse_layout.h"
 #include "core/workspace.h"
 #include "cpu/tile_ops-inl.h"
 #include "hwy/highway.h"

@@ -243,9 +243,10 @@ TEST_P(SparseAttention, VisitsReachingPartOfTheirKeyTilesMatchTheOracle) {
 }
 
 // Channels-first q, k, v and dO (an NCHW conv output viewed as (B, H, L, D), as attn2d.nn passes
-// them): the kernels copy them to rows before gathering tiles (cpu/row_staging-inl.h); 16 x 16
-// float transposes at E = 16 and Ev = 24, with a remainder at E = 20, and element copies for
-// float64. Widths of one take no copy.
+// them): the one-pass schedules copy them to rows before gathering tiles, whose shuffled rows lie
+// apart (cpu/row_staging-inl.h), and the two-pass one (more threads than slices) reads them as
+// they are, with the same bits; 16 x 16 float transposes at E = 16 and Ev = 24, with a remainder
+// at E = 20, and element copies for float64. Widths of one take no copy.
 TEST_P(SparseAttention, ChannelsFirstInputsMatchTheOracle) {
   expect_sparse_matches_dense<float>(2, 2, 100, 90, 16, 24, 2, 32, 21, false, false,
                                      Layout::kChannelsFirst);
