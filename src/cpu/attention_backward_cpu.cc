@@ -704,6 +704,17 @@ std::int64_t KeyTilesOf(const BackwardPlan<T>& plan, std::int64_t h) {
 // dK, dV and the dQ share (into `share`, (share_rows, E_pad)) of key-tile group g of slice
 // (b, h); a sparse slice's query side is first gathered into this thread's buffer, where the
 // plan has one.
+// The views of bp that the backward's one-pass schedules copy to rows (KeyTileGroup): Q and dO
+// over the query tiles, K and V over the key tiles.
+inline std::array<StagedView, 4> StagedViews(AttentionBackwardParams& bp, bool q_apart,
+                                             bool k_apart) {
+  AttentionParams& f = bp.fwd;
+  return {{{&f.q, f.q_stride, f.len_q, f.dim_qk, q_apart},
+           {&f.k, f.k_stride, f.len_k, f.dim_qk, k_apart},
+           {&f.v, f.v_stride, f.len_k, f.dim_v, k_apart},
+           {&bp.dout, bp.dout_stride, f.len_q, f.dim_v, q_apart}}};
+}
+
 template <typename T, typename IO>
 void KeyTileGroup(const BackwardPlan<T>& plan, std::int64_t b, std::int64_t h, std::int64_t g,
                   T* share, int thread) {
@@ -716,18 +727,12 @@ void KeyTileGroup(const BackwardPlan<T>& plan, std::int64_t b, std::int64_t h, s
     if (plan.staging != nullptr) {
       // Channels-first views: this slice's rows copied first, and the walk reads the copies.
       AttentionBackwardParams rows_bp = *plan.bp;
-      AttentionParams& f = rows_bp.fwd;
       BackwardPlan<T> rows_plan = plan;
       rows_plan.bp = &rows_bp;
       rows_plan.staging = nullptr;
       IO* dst = reinterpret_cast<IO*>(plan.staging + static_cast<size_t>(thread) *
                                                          plan.staging_elems);
-      for (const StagedView& v :
-           {StagedView{&f.q, f.q_stride, f.len_q, f.dim_qk, plan.q_tiles_apart},
-            StagedView{&f.k, f.k_stride, f.len_k, f.dim_qk, plan.k_tiles_apart},
-            StagedView{&f.v, f.v_stride, f.len_k, f.dim_v, plan.k_tiles_apart},
-            StagedView{&rows_bp.dout, rows_bp.dout_stride, f.len_q, f.dim_v,
-                       plan.q_tiles_apart}}) {
+      for (const StagedView& v : StagedViews(rows_bp, plan.q_tiles_apart, plan.k_tiles_apart)) {
         dst += StageSlice<IO>(v, b, h, dst);
       }
       KeyTileGroup<T, IO>(rows_plan, b, h, g, share, thread);
@@ -994,19 +999,14 @@ Status Backward(const AttentionBackwardParams& bp, const Host& host) {
   // raised a step's peak (YLG(8) 128x128 over 64x64, E = Ev = 16) from 27.8 to 47.8 MiB; these
   // to 32.7, the forward's runs included.
   size_t staging_total = 0;
-  if (gather && (ChannelsFirst(p.q_stride, p.len_q, p.dim_qk) ||
-                 ChannelsFirst(p.k_stride, p.len_k, p.dim_qk) ||
-                 ChannelsFirst(p.v_stride, p.len_k, p.dim_v) ||
-                 ChannelsFirst(bp.dout_stride, p.len_q, p.dim_v))) {
-    plan.q_tiles_apart = ScatteredTiles(*p.layout, true);
-    plan.k_tiles_apart = ScatteredTiles(*p.layout, false);
-    AttentionBackwardParams c = bp;
-    const bool qa = plan.q_tiles_apart, ka = plan.k_tiles_apart;
-    const size_t per_slice = StagedElemsPerHead(std::array<StagedView, 4>{
-        {{&c.fwd.q, c.fwd.q_stride, p.len_q, p.dim_qk, qa},
-         {&c.fwd.k, c.fwd.k_stride, p.len_k, p.dim_qk, ka},
-         {&c.fwd.v, c.fwd.v_stride, p.len_k, p.dim_v, ka},
-         {&c.dout, c.dout_stride, p.len_q, p.dim_v, qa}}});
+  AttentionBackwardParams probe = bp;  // a copy: StagedViews hands out its pointers to repoint
+  // Whether the tiles' rows lie apart is asked (a walk over the layout) only where some view is
+  // channels-first.
+  if (gather && StagedElemsPerHead(StagedViews(probe, true, true)) > 0) {
+    plan.q_tiles_apart = ScatteredTiles(*p.layout, /*query=*/true);
+    plan.k_tiles_apart = ScatteredTiles(*p.layout, /*query=*/false);
+    const size_t per_slice =
+        StagedElemsPerHead(StagedViews(probe, plan.q_tiles_apart, plan.k_tiles_apart));
     plan.staging_elems = (per_slice * sizeof(IO) + sizeof(T) - 1) / sizeof(T);
     staging_total = plan.staging_elems * static_cast<size_t>(threads);
   }

@@ -489,17 +489,16 @@ Status ForwardOn(const AttentionParams& p, const Host& host) {
 // of one batch element copied to rows (row_staging-inl.h), each run a problem of its own.
 template <typename T, typename IO>
 Status Forward(const AttentionParams& p, const Host& host) {
-  if (p.layout == nullptr || !(ChannelsFirst(p.q_stride, p.len_q, p.dim_qk) ||
-                               ChannelsFirst(p.k_stride, p.len_k, p.dim_qk) ||
-                               ChannelsFirst(p.v_stride, p.len_k, p.dim_v))) {
-    return ForwardOn<T, IO>(p, host);
-  }
+  if (p.layout == nullptr) return ForwardOn<T, IO>(p, host);
   AttentionParams sub = p;
-  // Views of sub's tensors: each run's staging repoints them.
-  const bool q_apart = ScatteredTiles(*p.layout, true), k_apart = ScatteredTiles(*p.layout, false);
-  const std::array<StagedView, 3> views{{{&sub.q, sub.q_stride, sub.len_q, sub.dim_qk, q_apart},
-                                         {&sub.k, sub.k_stride, sub.len_k, sub.dim_qk, k_apart},
-                                         {&sub.v, sub.v_stride, sub.len_k, sub.dim_v, k_apart}}};
+  // Views of sub's tensors: each run's staging repoints them. Whether the tiles' rows lie apart
+  // is asked (a walk over the layout) only where some view is channels-first.
+  std::array<StagedView, 3> views{{{&sub.q, sub.q_stride, sub.len_q, sub.dim_qk, true},
+                                   {&sub.k, sub.k_stride, sub.len_k, sub.dim_qk, true},
+                                   {&sub.v, sub.v_stride, sub.len_k, sub.dim_v, true}}};
+  if (StagedElemsPerHead(views) == 0) return ForwardOn<T, IO>(p, host);
+  views[0].scattered = ScatteredTiles(*p.layout, /*query=*/true);
+  views[1].scattered = views[2].scattered = ScatteredTiles(*p.layout, /*query=*/false);
   const size_t per_head = StagedElemsPerHead(views);
   if (per_head == 0) return ForwardOn<T, IO>(p, host);
   const std::int64_t run = HeadsPerStage(per_head * sizeof(IO), p.heads, host.num_threads);
