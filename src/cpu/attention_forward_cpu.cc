@@ -283,10 +283,11 @@ HWY_INLINE void VisitKeyTile(const AttentionParams& p, const ForwardPlan<T>& pla
 }
 
 // A visit whose mask allows at most one key a row: a repetitive YLG pattern's own-position keys,
-// where each query sees one key of its query tile's run of 16 (128x128 over 64x64). Each row's
-// score is its packed query row dotted with the key's row, read from the tensor, and the online
-// softmax step and acc += p v run per row, a vector of rows at a time: no key tile is packed,
-// and no 64 x 16 score tile is formed, masked and multiplied by V. On the tile path those visits
+// where each query sees one key of its query tile's run (64 at 128x128 over 64x64; 16 when
+// these tiles followed the enumeration, as in the figures below). Each row's score is its
+// packed query row dotted with the key's row, read from the tensor, and the online softmax
+// step and acc += p v run per row, a vector of rows at a time: no key tile is packed, and no
+// 64 x 16 score tile is formed, masked and multiplied by V. On the tile path those visits
 // took ~14% of that forward (one thread: 8.6 ms with them, 7.4 ms with them skipped); with this
 // path, YLG(8) at 128x128 over 64x64, E = Ev = 16, the builds alternated 3 rounds: one thread
 // 8.24, 8.34, 8.46 -> 7.71, 7.89, 7.76 ms; two threads 4.51, 4.51, 4.77 -> 4.25, 4.05, 4.07 ms;

@@ -28,6 +28,7 @@
 #include "attn2d/host.h"
 #include "attn2d/sparse_layout.h"
 #include "core/workspace.h"
+#include "cpu/layout_scan.h"
 #include "cpu/tile_ops-inl.h"
 #include "hwy/highway.h"
 
@@ -66,27 +67,6 @@ inline void PointAtRows(const StagedView& v, const void* rows, std::int64_t batc
   v.stride[1] = head_stride;
   v.stride[2] = v.width;
   v.stride[3] = 1;
-}
-
-// Whether a layout's query (or key) tiles hold rows that lie apart: at more than half of a
-// tile's steps from one row to the next the position leaves its run of 16 (a line of a
-// channels-first float plane). A window's 8x8-pixel tiles leave it once in 8 rows, and the
-// copies then cost more than they save (a 7x7 window over 2x-pooled keys, one head, E = 8,
-// Ev = 32, 128x128: forward 1.14-1.18x the row-major time with them, 1.04-1.06x without);
-// YLG's anti-diagonal runs leave it at every row.
-inline bool ScatteredTiles(const SparseLayout& lay, bool query) {
-  const std::int64_t* begin = query ? lay.q_tile_begin : lay.k_tile_begin;
-  const std::int32_t* rows = query ? lay.q_rows : lay.k_rows;
-  const std::int64_t block = query ? lay.block_q : lay.block_k;
-  std::int64_t steps = 0, apart = 0;
-  for (std::int64_t t = 0; t < begin[lay.num_layouts]; ++t) {
-    const std::int32_t* r = rows + t * block;
-    for (std::int64_t i = 1; i < block && r[i] >= 0; ++i) {
-      ++steps;
-      apart += (r[i] >> 4) != (r[i - 1] >> 4) ? 1 : 0;
-    }
-  }
-  return 2 * apart > steps;
 }
 
 template <typename IO>

@@ -222,6 +222,31 @@ def test_ylg_floor_visits_reach_only_the_keys_they_need(kind):
     assert max_err(out, want) < 1e-12
 
 
+@pytest.mark.parametrize("mapping", ["official", "geometric"])
+@pytest.mark.parametrize("kind", ["ltr-repetitive", "rtl-repetitive"])
+def test_ylg_repetitive_tiles_are_raster_runs_with_one_own_key_a_query(kind, mapping):
+    # 40x24 queries over 20x12 keys (n = 240, l = 15): query tiles are runs of 64 raster rows
+    # (contiguous rows, outputs and log-sum-exps); a query computes its special columns and
+    # its own key only, so the kernel computes exactly the allowed pairs.
+    pattern = YLG(1, patterns=[kind], mapping=mapping)
+    q_hw, kv_hw = (40, 24), (20, 12)
+    layout = _layout.build(pattern, q_hw, kv_hw, 1)
+    q_rows = layout[3]
+    rows = q_rows[q_rows >= 0]
+    assert torch.equal(rows, torch.arange(40 * 24, dtype=rows.dtype))
+    assert bool((q_rows[:-1] >= 0).all())  # only the last tile is short
+    allowed = int(pattern.dense_mask(q_hw, kv_hw).sum())
+    assert _layout.allowed_pairs(layout) == allowed
+    assert _layout.visited_pairs(layout) == allowed
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, 1, *hw, 5, dtype=torch.float64, generator=g)
+               for hw in (q_hw, kv_hw, kv_hw))
+    out = attn2d.attention2d(q, k, v, pattern=pattern)
+    want = naive_attention(q.flatten(2, 3), k.flatten(2, 3), v.flatten(2, 3),
+                           attn_mask=pattern.dense_mask(q_hw, kv_hw, 1)).unflatten(2, q_hw)
+    assert max_err(out, want) < 1e-12
+
+
 def test_raw_op_refuses_a_malformed_layout():
     pattern = Window(3)
     layout = list(_layout.build(pattern, (6, 6), (6, 6), 1))
