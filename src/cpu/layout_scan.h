@@ -10,13 +10,18 @@ namespace attn2d {
 namespace cpu {
 
 // Whether one of a layout's patterns has query (or key) tiles whose rows lie apart: at more
-// than half of its tiles' steps from one row to the next the position leaves its run of 16 (a
-// line of a channels-first float plane). A window's 8x8-pixel tiles leave it once in 8 rows,
+// than a quarter of its tiles' steps from one row to the next the position leaves its run of 16
+// (a line of a channels-first float plane). A window's 8x8-pixel tiles leave it once in 8 rows,
 // and the copies then cost more than they save (a 7x7 window over 2x-pooled keys, one head,
 // E = 8, Ev = 32, 128x128: forward 1.14-1.18x the row-major time with them, 1.04-1.06x
-// without); YLG's floor patterns' anti-diagonal runs leave it at every row (official mapping),
-// its repetitive patterns' raster runs once in 16. Asked per pattern: the copies serve every
-// head, and YLG's repetitive heads would otherwise outvote its floor heads.
+// without). YLG's floor patterns leave it at every row under the official mapping and at every
+// second row under the geometric one (a 2x2 block of queries shares a pattern row), where the
+// copies pay too: YLG(8, mapping="geometric") at 128x128 over 64x64 on channels-first views,
+// forward / backward against row-major inputs 1.21-1.22x / 1.12-1.16x with them and
+// 1.29-1.30x / 1.25-1.30x without (one thread; two threads 1.18-1.21x / 1.18x against
+// 1.23-1.38x / 1.25-1.27x). Its repetitive patterns' raster runs leave it once in 16. Asked
+// per pattern: the copies serve every head, and YLG's repetitive heads would otherwise outvote
+// its floor heads.
 inline bool ScatteredTiles(const SparseLayout& lay, bool query) {
   const std::int64_t* begin = query ? lay.q_tile_begin : lay.k_tile_begin;
   const std::int32_t* rows = query ? lay.q_rows : lay.k_rows;
@@ -30,7 +35,7 @@ inline bool ScatteredTiles(const SparseLayout& lay, bool query) {
         apart += (r[i] >> 4) != (r[i - 1] >> 4) ? 1 : 0;
       }
     }
-    if (2 * apart > steps) return true;
+    if (4 * apart > steps) return true;
   }
   return false;
 }

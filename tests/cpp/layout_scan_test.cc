@@ -48,12 +48,25 @@ std::vector<std::int32_t> PixelBlocks() {
   return order;
 }
 
+// Pairs of neighbouring rows, each pair 34 rows past the last (YLG's floor tiles under the
+// geometric mapping, 2x2 query blocks): every second step leaves its run of 16.
+std::vector<std::int32_t> RowPairs() {
+  std::vector<std::int32_t> order;
+  for (std::int32_t i = 0; i < 64; ++i) {
+    const std::int32_t first = 2 * (i * 17 % 64);
+    order.push_back(first);
+    order.push_back(first + 1);
+  }
+  return order;
+}
+
 TEST(ScatteredTiles, RowsApartInAnyOnePatternCount) {
   const auto raster = Order(1), apart = Order(17);  // steps of 17 rows leave every run of 16
   for (bool query : {true, false}) {
     EXPECT_FALSE(cpu::ScatteredTiles(PatternTiles({raster}).view, query));
     EXPECT_FALSE(cpu::ScatteredTiles(PatternTiles({PixelBlocks()}).view, query));
     EXPECT_TRUE(cpu::ScatteredTiles(PatternTiles({apart}).view, query));
+    EXPECT_TRUE(cpu::ScatteredTiles(PatternTiles({RowPairs()}).view, query));
     // YLG's raster repetitive heads beside its floor heads: outnumbered, the scattered pattern
     // still decides (the whole layout's steps are only a quarter apart).
     EXPECT_TRUE(cpu::ScatteredTiles(PatternTiles({raster, apart, raster, raster}).view, query));
