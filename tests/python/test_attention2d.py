@@ -168,13 +168,15 @@ def test_strided_nchw_views(pattern):
     assert max_err(out, want) < 1e-12
 
 
-def test_channels_first_views_give_the_bits_of_row_major_inputs():
+@pytest.mark.parametrize("mapping", ["official", "geometric"])
+def test_channels_first_views_give_the_bits_of_row_major_inputs(mapping):
     # The gathered-tile kernels copy channels-first views to rows first: the forward a run of
     # heads at a time within 8 MiB (here 1.5 MiB a head: several runs), the backward one slice a
-    # thread. The copies are exact and the kernels then run as on row-major inputs, so every
-    # result must be bitwise equal to theirs.
+    # thread (the geometric mapping's floor tiles, rows in pairs, are copied too). The copies are
+    # exact and the kernels then run as on row-major inputs, so every result must be bitwise
+    # equal to theirs.
     B, heads, E, Ev = 2, 8, 16, 24
-    pattern = YLG(8)
+    pattern = YLG(8, mapping=mapping)
     views = [storage_view((B, heads, *hw, d), torch.float32, "channels_first")
              for hw, d in (((128, 128), E), ((64, 64), E), ((64, 64), Ev))]
     grad = storage_view((B, heads, 128, 128, Ev), torch.float32, "channels_first")
