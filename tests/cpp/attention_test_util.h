@@ -5,6 +5,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <new>
 #include <numeric>
@@ -250,6 +251,19 @@ Result<T> run(const Problem<T>& pr, Backend backend, const Host& host,
     r.backward_status = attention_backward(bp, host, backend);
   }
   return r;
+}
+
+// thread_host(threads) whose workspace arrives filled with NaN (all-ones bytes are a NaN in
+// every float type): a kernel that reads scratch it never wrote shows NaN in its results.
+inline Host poisoned_host(int threads) {
+  Host host = thread_host(threads);
+  host.allocate = [](void*, std::size_t bytes) -> void* {
+    void* p = ::operator new(bytes, std::align_val_t{64}, std::nothrow);
+    if (p != nullptr) std::memset(p, 0xFF, bytes);
+    return p;
+  };
+  host.deallocate = [](void*, void* p) { ::operator delete(p, std::align_val_t{64}); };
+  return host;
 }
 
 // Largest |a - b| over the view; NaN anywhere in a or b gives +inf.
