@@ -161,47 +161,39 @@ void DeltaTask(void* ctx, std::int64_t task, int thread) {
   const std::int64_t i0 = (task % plan.sum_chunks) * plan.tiles.block_q;
   const Rows rows{nullptr, i0, static_cast<size_t>(std::min(plan.tiles.block_q, p.len_q - i0))};
   const size_t Ev = static_cast<size_t>(p.dim_v), Evp = plan.dim_v_pad;
-  const hn::ScalableTag<T> d;
-  const size_t L = hn::Lanes(d);
-  constexpr size_t kMaxLanes = HWY_MAX_BYTES / sizeof(T);
+  const auto a = plan.thread_arrays(thread);
+  // dO rows: row-major rows of the compute type are read where they lie, others packed into
+  // a.dout (YLG(8) 128x128 over 64x64, E = Ev = 16, backward 20.1-20.9 -> 19.6-20.2 ms at one
+  // thread, 10.6-10.7 -> 10.3-10.5 ms at two, against packing them always; builds alternated 3
+  // rounds). O rows of the compute type are read in place too (DotRow walks a strided row with
+  // a contiguous one's arithmetic, so every layout gives the same bits); 16-bit ones are widened
+  // a row at a time into a.dv_part (both arrays are free before the tiles run).
+  const T* dout = a.dout;
+  std::int64_t dout_ld = static_cast<std::int64_t>(Evp);
+  bool dout_in_place = false;
   if constexpr (std::is_same<IO, T>::value) {
-    // Row-major rows of the compute type are read where they lie, not copied to the thread's
-    // arrays first: YLG(8) 128x128 over 64x64, E = Ev = 16, backward 20.1-20.9 -> 19.6-20.2 ms
-    // at one thread, 10.6-10.7 -> 10.3-10.5 ms at two (builds alternated 3 rounds).
-    if (bp.dout_stride[3] == 1 && p.out_stride[3] == 1) {
-      const T* dout = static_cast<const T*>(bp.dout) + offset4(bp.dout_stride, b, h, i0, 0);
-      const T* out = static_cast<const T*>(p.out) + offset4(p.out_stride, b, h, i0, 0);
-      for (size_t r = 0; r < rows.count; ++r) {
-        const T* x = dout + static_cast<std::int64_t>(r) * bp.dout_stride[2];
-        const T* y = out + static_cast<std::int64_t>(r) * p.out_stride[2];
-        auto sum = hn::Zero(d);
-        size_t e = 0;
-        for (; e + L <= Ev; e += L) sum = hn::MulAdd(hn::LoadU(d, x + e), hn::LoadU(d, y + e), sum);
-        if (e < Ev) {  // the packed rows' zero padding, so both paths give the same bits
-          HWY_ALIGN T tail_x[kMaxLanes] = {};
-          HWY_ALIGN T tail_y[kMaxLanes] = {};
-          std::copy(x + e, x + Ev, tail_x);
-          std::copy(y + e, y + Ev, tail_y);
-          sum = hn::MulAdd(hn::Load(d, tail_x), hn::Load(d, tail_y), sum);
-        }
-        plan.deltas[slice * p.len_q + rows[r]] = hn::GetLane(hn::SumOfLanes(d, sum));
-      }
-      return;
+    if (bp.dout_stride[3] == 1) {
+      dout = static_cast<const T*>(bp.dout) + offset4(bp.dout_stride, b, h, i0, 0);
+      dout_ld = bp.dout_stride[2];
+      dout_in_place = true;
     }
   }
-  const auto a = plan.thread_arrays(thread);
-  // dO rows into a.dout, each O row in turn into a.dv_part (both free before the tiles run).
-  PackRows(static_cast<const IO*>(bp.dout) + offset4(bp.dout_stride, b, h, 0, 0), rows,
-           bp.dout_stride[2], bp.dout_stride[3], Ev, T(1), a.dout, Evp, rows.count);
+  if (!dout_in_place) {
+    PackRows(static_cast<const IO*>(bp.dout) + offset4(bp.dout_stride, b, h, 0, 0), rows,
+             bp.dout_stride[2], bp.dout_stride[3], Ev, T(1), a.dout, Evp, rows.count);
+  }
   const IO* out = static_cast<const IO*>(p.out) + offset4(p.out_stride, b, h, 0, 0);
   for (size_t r = 0; r < rows.count; ++r) {
-    PackRows(out, Rows{nullptr, rows[r], 1}, p.out_stride[2], p.out_stride[3], Ev, T(1),
-             a.dv_part, Evp, 1);
-    auto sum = hn::Zero(d);
-    for (size_t e = 0; e < Evp; e += L) {
-      sum = hn::MulAdd(hn::LoadU(d, a.dout + r * Evp + e), hn::LoadU(d, a.dv_part + e), sum);
+    const T* x = dout + static_cast<std::int64_t>(r) * dout_ld;
+    T delta;
+    if constexpr (std::is_same<IO, T>::value) {
+      delta = DotRow(x, out + rows[r] * p.out_stride[2], Ev, p.out_stride[3]);
+    } else {
+      PackRows(out, Rows{nullptr, rows[r], 1}, p.out_stride[2], p.out_stride[3], Ev, T(1),
+               a.dv_part, Evp, 1);
+      delta = DotRow(x, a.dv_part, Ev, 1);
     }
-    plan.deltas[slice * p.len_q + rows[r]] = hn::GetLane(hn::SumOfLanes(d, sum));
+    plan.deltas[slice * p.len_q + rows[r]] = delta;
   }
 }
 
