@@ -102,6 +102,25 @@ def test_double_backward_raises_instead_of_being_silently_wrong(entry, pattern, 
         gq.pow(2).sum().backward()
 
 
+@pytest.mark.parametrize("pattern", [None, Window(3, "manhattan"), Window(3, border="shift")],
+                         ids=["global", "window", "tiles"])
+def test_backward_fills_no_zero_gradient_for_the_log_sum_exp(pattern):
+    # lse is an output no loss can reach; a materialized zero gradient for it was a
+    # (B, H, Lq) tensor allocated and filled every step. The step's only fill or zeroing op
+    # would be that one: the output gradient is made beforehand.
+    from torch.profiler import ProfilerActivity, profile
+
+    q, k, v = (torch.randn(2, 4, 6, 7, 8, requires_grad=True) for _ in range(3))
+    out = attn2d.attention2d(q, k, v, pattern=pattern)
+    grad_out = torch.randn_like(out)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        grads = torch.autograd.grad(out, (q, k, v), grad_out)
+    ops = {e.key for e in prof.key_averages()}
+    assert any(op.startswith("attn2d::") and op.endswith("_backward") for op in ops), ops
+    assert not ops & {"aten::zeros", "aten::zero_", "aten::fill_", "aten::zeros_like"}, ops
+    assert all(torch.isfinite(g).all() for g in grads)
+
+
 def _good():
     return torch.randn(2, 3, 5, 4), torch.randn(2, 3, 7, 4), torch.randn(2, 3, 7, 6)
 
