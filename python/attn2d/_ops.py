@@ -48,8 +48,9 @@ def _skip_zero_grads(ctx) -> None:
     # Autograd would otherwise hand the backward a zero-filled gradient for lse, which no loss
     # can reach (non-differentiable) and the backward ignores: a (B, H, Lq) tensor allocated and
     # zeroed each step: 1-2% of a YLG(8) step at B = 16 over 32x32 pixels (11.44-11.67 ->
-    # 11.29-11.45 ms, forward and backward, two threads). The output's own gradient is always
-    # a tensor: autograd runs a backward only when that output received one.
+    # 11.29-11.45 ms, forward and backward, two threads). The output's own gradient then
+    # arrives as None where no loss reached it (gradcheck's undefined-gradient check does
+    # that), and the backwards return no gradients.
     ctx.set_materialize_grads(False)
 
 
@@ -70,6 +71,8 @@ def _forward_setup_context(ctx, inputs, output):
 
 
 def _forward_backward(ctx, grad_out, grad_lse):
+    if grad_out is None:
+        return None, None, None, None, None, None
     q, k, v, out, lse, attn_mask = ctx.saved_tensors
     dq, dk, dv = torch.ops.attn2d.attention_backward(
         grad_out, q, k, v, out, lse, attn_mask, ctx.is_causal, ctx.scale
@@ -103,6 +106,8 @@ def _forward2d_setup_context(ctx, inputs, output):
 
 
 def _forward2d_backward(ctx, grad_out, grad_lse):
+    if grad_out is None:
+        return None, None, None, [None] * len(ctx.layout), None, None
     q, k, v, out, lse = ctx.saved_tensors
     dq, dk, dv = torch.ops.attn2d.attention2d_backward(
         grad_out, q, k, v, out, lse, ctx.layout, ctx.block_q, ctx.scale
@@ -136,6 +141,8 @@ def _window_setup_context(ctx, inputs, output):
 
 
 def _window_backward(ctx, grad_out, grad_lse):
+    if grad_out is None:
+        return None, None, None, None, None, None, None
     q, k, v, out, lse, offsets = ctx.saved_tensors
     dq, dk, dv = torch.ops.attn2d.attention2d_window_backward(
         grad_out, q, k, v, out, lse, offsets, ctx.height, ctx.width, ctx.scale
