@@ -1,7 +1,7 @@
 // PyTorch binding: the only code that includes torch. It checks tensors, fills the core's params
 // structs, lends the core torch's intra-op thread pool and CPU allocator, and registers the
-// attn2d::* operators. Autograd and fake (meta) kernels are registered from Python
-// (attn2d/_ops.py) with torch.library.
+// attn2d::* operators. The forward operators' autograd is in torch_autograd.cc; fake (meta)
+// kernels and the backward operators' autograd are registered from Python (attn2d/_ops.py).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/core/CPUAllocator.h>

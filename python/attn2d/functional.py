@@ -59,6 +59,24 @@ def _check_grid_tensor(fn: str, name: str, t: object, what: str) -> torch.Tensor
     return t
 
 
+# torch.compile would trace the layouts' construction (a sparse layout's data-dependent tensor
+# slicing fails under fullgraph=True). They depend only on the pattern and the grid sizes, which
+# the compiled graph is specialized on, so they run once at trace time and their tensors are
+# constants of the graph.
+@torch.compiler.assume_constant_result
+def _sparse_layout(pattern, q_hw, kv_hw, heads):
+    from . import _layout
+
+    return list(_layout.build(pattern, q_hw, kv_hw, heads))
+
+
+@torch.compiler.assume_constant_result
+def _window_offsets(pattern, q_hw, kv_hw):
+    from . import _layout
+
+    return _layout.window_offsets(pattern, q_hw, kv_hw)
+
+
 def attention2d(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -100,11 +118,11 @@ def attention2d(
         q4, k4, v4 = q.flatten(2, 3), k.flatten(2, 3), v.flatten(2, 3)
         _checks.check_attention(fn, q4, k4, v4, None)
         scale = _checks.resolve_scale(fn, scale, q.shape[-1])
-        offsets = _layout.window_offsets(pattern, (Hq, Wq), (Hk, Wk))
+        offsets = _window_offsets(pattern, (Hq, Wq), (Hk, Wk))
         if offsets is not None:
             out, _ = torch.ops.attn2d.attention2d_window_forward(q4, k4, v4, offsets, Hq, Wq, scale)
         else:
-            layout = list(_layout.build(pattern, (Hq, Wq), (Hk, Wk), H))
+            layout = _sparse_layout(pattern, (Hq, Wq), (Hk, Wk), H)
             out, _ = torch.ops.attn2d.attention2d_forward(q4, k4, v4, layout, _layout.BLOCK_Q, scale)
         return out.unflatten(2, (Hq, Wq))
     out = attention(q.flatten(2, 3), k.flatten(2, 3), v.flatten(2, 3), scale=scale)

@@ -229,6 +229,27 @@ def test_torch_compile(index):
         assert torch.allclose(g, p.grad, atol=1e-5)
 
 
+@pytest.mark.parametrize("pattern", [YLG(8), Window(5, "manhattan")], ids=["ylg", "window"])
+def test_torch_compile_pattern_blocks(pattern):
+    # The YLG-SAGAN block (2x2-pooled keys) and a window block, whole-graph: a sparse layout's
+    # construction used to be traced and failed under fullgraph=True.
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    module = ann.SelfAttention2d(64, heads=8, pattern=pattern, pool_kv=2 if isinstance(pattern, YLG) else 1)
+    _randomize(module)
+    x = torch.randn(2, 64, 8, 10)
+    compiled = torch.compile(module, fullgraph=True, backend="aot_eager")
+    out = compiled(x)
+    out.sum().backward()
+    grads = [p.grad.clone() for p in module.parameters()]
+    module.zero_grad()
+    want = module(x)
+    want.sum().backward()
+    assert torch.allclose(out, want, atol=1e-6)
+    for g, p in zip(grads, module.parameters()):
+        assert torch.allclose(g, p.grad, atol=1e-5)
+
+
 @pytest.mark.parametrize("index", range(4))
 def test_autocast_bf16_modules_match_float32(index):
     torch.manual_seed(0)

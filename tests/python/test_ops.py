@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import attn2d
-from attn2d.patterns import Window
+from attn2d.patterns import YLG, Window
 
 
 def _inputs(B=2, H=2, Lq=9, Lk=13, E=5, Ev=3, dtype=torch.float64):
@@ -51,14 +51,23 @@ def test_opcheck(with_mask):
     )
 
 
-def test_torch_compile_fullgraph_forward_and_backward():
+@pytest.mark.parametrize("pattern", ["global", Window(3, "manhattan"), YLG(2)],
+                         ids=["global", "window", "tiles"])
+def test_torch_compile_fullgraph_forward_and_backward(pattern):
+    # Each forward operator's autograd (C++, binding/torch_autograd.cc) traced by AOTAutograd.
     torch._dynamo.reset()
 
-    def block(q, k, v):
-        return attn2d.attention(q * 2.0, k, v, is_causal=True).sin()
+    if pattern == "global":
+        def block(q, k, v):
+            return attn2d.attention(q * 2.0, k, v, is_causal=True).sin()
 
+        q, k, v = _inputs(dtype=torch.float32)
+    else:
+        def block(q, k, v):
+            return attn2d.attention2d(q * 2.0, k, v, pattern=pattern).sin()
+
+        q, k, v = (torch.randn(2, 2, 5, 7, 4, requires_grad=True) for _ in range(3))
     compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
-    q, k, v = _inputs(dtype=torch.float32)
     out = compiled(q, k, v)
     out.sum().backward()
     grads = [t.grad.clone() for t in (q, k, v)]
@@ -68,6 +77,15 @@ def test_torch_compile_fullgraph_forward_and_backward():
     assert torch.allclose(out, block(q, k, v))
     for g, t in zip(grads, (q, k, v)):
         assert torch.allclose(g, t.grad)
+
+
+def test_opcheck_sparse_layout_forward():
+    from attn2d import _layout
+
+    q, k, v = (torch.randn(1, 2, 36, 8, requires_grad=True) for _ in range(3))
+    layout = list(_layout.build(YLG(2), (6, 6), (6, 6), 2))
+    torch.library.opcheck(torch.ops.attn2d.attention2d_forward.default,
+                          (q, k, v, layout, _layout.BLOCK_Q, 0.35))
 
 
 def _graph_nodes(fn):
