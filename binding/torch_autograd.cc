@@ -40,28 +40,38 @@ variable_list with_undefined(const Grads& g, size_t more) {
   return out;
 }
 
+// The forwards' common part: `call` (the operator, below autograd) gives out and lse; lse is not
+// differentiable; q, k, v, out, lse and `more` are saved for the backward, in that order.
+template <class Call>
+variable_list run_forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                          const at::Tensor& v, std::vector<at::Tensor> more, const Call& call) {
+  at::Tensor out, lse;
+  {
+    at::AutoDispatchBelowADInplaceOrView below;
+    std::tie(out, lse) = call();
+  }
+  ctx->mark_non_differentiable({lse});
+  ctx->set_materialize_grads(false);
+  std::vector<at::Tensor> saved{q, k, v, out, lse};
+  saved.insert(saved.end(), more.begin(), more.end());
+  ctx->save_for_backward(saved);
+  return {out, lse};
+}
+
 class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                                const at::Tensor& v, const std::optional<at::Tensor>& attn_mask,
                                bool is_causal, double scale) {
-    // Its gradient would be an Lq x Lk tensor; returning none would be silently wrong.
-    TORCH_CHECK_VALUE(!(attn_mask.has_value() && attn_mask->requires_grad()),
-                      "attn2d.attention: attn_mask requires grad, but gradients with respect to "
-                      "the mask are not supported; pass attn_mask.detach()");
     static const auto op =
         find_op<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
                                                    const at::Tensor&,
                                                    const std::optional<at::Tensor>&, bool,
                                                    double)>("attn2d::attention_forward");
-    at::AutoDispatchBelowADInplaceOrView below;
-    auto [out, lse] = op.call(q, k, v, attn_mask, is_causal, scale);
-    ctx->mark_non_differentiable({lse});
-    ctx->set_materialize_grads(false);
-    ctx->save_for_backward({q, k, v, out, lse, attn_mask.value_or(at::Tensor())});
     ctx->saved_data["is_causal"] = is_causal;
     ctx->saved_data["scale"] = scale;
-    return {out, lse};
+    return run_forward(ctx, q, k, v, {attn_mask.value_or(at::Tensor())},
+                       [&] { return op.call(q, k, v, attn_mask, is_causal, scale); });
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -91,15 +101,11 @@ class Attention2dFunction : public torch::autograd::Function<Attention2dFunction
                                                    const at::Tensor&, at::TensorList,
                                                    std::int64_t, double)>(
             "attn2d::attention2d_forward");
-    at::AutoDispatchBelowADInplaceOrView below;
-    auto [out, lse] = op.call(q, k, v, layout, block_q, scale);
-    ctx->mark_non_differentiable({lse});
-    ctx->set_materialize_grads(false);
-    ctx->save_for_backward({q, k, v, out, lse});
     ctx->saved_data["layout"] = layout.vec();
     ctx->saved_data["block_q"] = block_q;
     ctx->saved_data["scale"] = scale;
-    return {out, lse};
+    return run_forward(ctx, q, k, v, {},
+                       [&] { return op.call(q, k, v, layout, block_q, scale); });
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -129,15 +135,11 @@ class WindowFunction : public torch::autograd::Function<WindowFunction> {
                                                    const at::Tensor&, const at::Tensor&,
                                                    std::int64_t, std::int64_t, double)>(
             "attn2d::attention2d_window_forward");
-    at::AutoDispatchBelowADInplaceOrView below;
-    auto [out, lse] = op.call(q, k, v, offsets, height, width, scale);
-    ctx->mark_non_differentiable({lse});
-    ctx->set_materialize_grads(false);
-    ctx->save_for_backward({q, k, v, out, lse, offsets});
     ctx->saved_data["height"] = height;
     ctx->saved_data["width"] = width;
     ctx->saved_data["scale"] = scale;
-    return {out, lse};
+    return run_forward(ctx, q, k, v, {offsets},
+                       [&] { return op.call(q, k, v, offsets, height, width, scale); });
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -162,6 +164,13 @@ std::tuple<at::Tensor, at::Tensor> attention_forward(const at::Tensor& q, const 
                                                      const at::Tensor& v,
                                                      const std::optional<at::Tensor>& attn_mask,
                                                      bool is_causal, double scale) {
+  // Its gradient would be an Lq x Lk tensor; returning none would be silently wrong. Under
+  // no_grad no gradient is asked for, and the mask is read as it is (Function::apply runs the
+  // forward with grad mode off, so this is asked here).
+  TORCH_CHECK_VALUE(!(at::GradMode::is_enabled() && attn_mask.has_value() &&
+                      attn_mask->requires_grad()),
+                    "attn2d.attention: attn_mask requires grad, but gradients with respect to "
+                    "the mask are not supported; pass attn_mask.detach()");
   return pair(AttentionFunction::apply(q, k, v, attn_mask, is_causal, scale));
 }
 

@@ -202,6 +202,10 @@ def test_mask_that_requires_grad_is_refused():
     mask = torch.zeros(9, 13, dtype=torch.float64, requires_grad=True)
     with pytest.raises(ValueError, match="attn_mask"):
         attn2d.attention(q, k, v, attn_mask=mask)
+    # Under no_grad no gradient is asked for: the mask is read as it is.
+    with torch.no_grad():
+        out = attn2d.attention(q, k, v, attn_mask=mask)
+    assert torch.equal(out, attn2d.attention(q, k, v, attn_mask=mask.detach()).detach())
 
 
 def test_backward_op_checks_shapes():
