@@ -88,6 +88,33 @@ def test_opcheck_sparse_layout_forward():
                           (q, k, v, layout, _layout.BLOCK_Q, 0.35))
 
 
+def test_raw_sparse_op_checks_the_layout():
+    """The layout is a list of tensors anyone can pass to torch.ops.attn2d.attention2d_forward:
+    wrong count, dtype or sizes must raise, not read past the end of a tensor."""
+    from attn2d import _layout
+
+    q, k, v = (torch.randn(1, 2, 36, 8) for _ in range(3))
+    good = list(_layout.build(YLG(2), (6, 6), (6, 6), 2))
+    op = torch.ops.attn2d.attention2d_forward
+
+    def run(layout):
+        return op(q, k, v, layout, _layout.BLOCK_Q, 0.35)
+
+    run(good)
+    with pytest.raises(ValueError, match="must hold"):
+        run(good[:-1])
+    with pytest.raises(ValueError, match="layout tensor 1 must be a contiguous CPU"):
+        run([good[0], good[1].int()] + good[2:])
+    # Each of these breaks one size the kernels rely on; the last elements of the offset
+    # tensors (1, 2, 5, 8) are checked against the tile counts and the list lengths.
+    for i, bad in ((1, good[1][:1]), (1, good[1] + 1), (2, good[2] + 1), (5, good[5] + 1),
+                   (6, good[6][:-1]), (8, good[8] + 1), (9, good[9][:-1]), (4, good[4][:-1])):
+        layout = list(good)
+        layout[i] = bad.contiguous()
+        with pytest.raises(ValueError, match="inconsistent sizes"):
+            run(layout)
+
+
 def _graph_nodes(fn):
     seen, todo = [], [fn]
     while todo:
