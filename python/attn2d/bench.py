@@ -14,6 +14,7 @@ import gc
 import json
 import math
 import os
+import resource
 import statistics
 import time
 import warnings
@@ -67,6 +68,12 @@ def time_training_step(fn: Callable[..., torch.Tensor], inputs: list[torch.Tenso
     return time_training_steps([fn], inputs, reps)[0]
 
 
+def _minor_faults() -> int:
+    """Page faults the process has taken that needed no disk (every thread's): memory that
+    malloc handed back to the system and a step then touches anew (attn2d's README, Use)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def time_training_steps(fns: list[Callable[..., torch.Tensor]], inputs: list[torch.Tensor],
                         reps: int, per_fn_inputs: Optional[list[list[torch.Tensor]]] = None,
                         min_seconds: float = 0.0) -> list[dict]:
@@ -77,7 +84,11 @@ def time_training_steps(fns: list[Callable[..., torch.Tensor]], inputs: list[tor
     in place of the shared `inputs`. Reps go on past `reps` until the timed loop has run
     `min_seconds`: a slow phase of the VM (seconds, one vCPU taken) then covers a minority of
     the reps of a short case instead of all of them. Each result keeps its per-rep times
-    (forward_runs_s, backward_runs_s) for paired_speedup."""
+    (forward_runs_s, backward_runs_s) for paired_speedup, and the medians of the page faults the
+    process took during each timed forward and backward (forward_faults, backward_faults,
+    counted outside the timed spans): glibc may give the top of its heap back after every call,
+    and then each step faults its outputs in anew, 2-3x a short step's time (the README's Use),
+    so a run can show whether its steps paid that."""
     if per_fn_inputs is not None and len(per_fn_inputs) != len(fns):
         raise ValueError(f"time_training_steps: per_fn_inputs has {len(per_fn_inputs)} lists for "
                          f"{len(fns)} functions")
@@ -99,6 +110,8 @@ def time_training_steps(fns: list[Callable[..., torch.Tensor]], inputs: list[tor
     fresh = [torch.empty_like(g) for g in grads]
     fwd: list[list[float]] = [[] for _ in fns]
     bwd: list[list[float]] = [[] for _ in fns]
+    fwd_faults: list[list[int]] = [[] for _ in fns]
+    bwd_faults: list[list[int]] = [[] for _ in fns]
     # Python's cyclic collector off while timing, as timeit does: a full collection walks every
     # object torch has loaded (166k; 112 ms, once in 100 training steps of a 27 ms window
     # case), and lands in whichever step happens to allocate past its threshold.
@@ -127,22 +140,29 @@ def time_training_steps(fns: list[Callable[..., torch.Tensor]], inputs: list[tor
                 for ls in leaves:
                     for t in ls:
                         t.grad = None
+                f0 = _minor_faults()
                 t0 = time.perf_counter()
                 out = fn(*leaves[i])
                 t1 = time.perf_counter()
+                f1 = _minor_faults()
                 fresh[i].copy_(grads[i])  # untimed: the layer above writing the gradient
+                b0 = _minor_faults()
                 t2 = time.perf_counter()
                 out.backward(fresh[i])
                 t3 = time.perf_counter()
+                b1 = _minor_faults()
                 fwd[i].append(t1 - t0)
                 bwd[i].append(t3 - t2)
+                fwd_faults[i].append(f1 - f0)
+                bwd_faults[i].append(b1 - b0)
     finally:
         if gc_was_enabled:
             gc.enable()
     return [{"forward_s": statistics.median(f), "backward_s": statistics.median(b),
              "fwd_bwd_s": statistics.median([x + y for x, y in zip(f, b)]),
-             "forward_runs_s": f, "backward_runs_s": b}
-            for f, b in zip(fwd, bwd)]
+             "forward_runs_s": f, "backward_runs_s": b,
+             "forward_faults": statistics.median(ff), "backward_faults": statistics.median(bf)}
+            for f, b, ff, bf in zip(fwd, bwd, fwd_faults, bwd_faults)]
 
 
 def paired_speedup(slow: dict, fast: dict, key: str) -> float:

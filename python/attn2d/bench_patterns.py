@@ -263,11 +263,14 @@ def _markdown(report: dict) -> str:
                          f"{mem} | {1e9 * r['forward_s'] / pairs:.2f} |")
     lines += ["", "Per-pair time / global's, each the median over reps of one rep's pair: "
               "'after global' times the pattern's step right after the global one; 'steady' "
-              f"its {STEADY_STEPS + 1}th step in a row (attn2d-pattern-steady above).",
+              f"its {STEADY_STEPS + 1}th step in a row (attn2d-pattern-steady above). Page "
+              "faults: medians a step, the process's (glibc may hand freed memory back after "
+              "each call, and the next one faults its outputs in anew: attn2d's README, Use).",
               "", "| case | allowed pairs | visited by attn2d (forward and backward each) "
               "| per pair / global's, after global: fwd / bwd | steady: fwd / bwd "
+              "| page faults a pattern step, after global: fwd / bwd (steady) "
               "| Flex fwd time / attn2d's |",
-              "|---|---|---|---|---|---|"]
+              "|---|---|---|---|---|---|---|"]
     for c in report["cases"]:
         s = c["summary"]
         flex = f"{s['flex_over_attn2d_fwd']:.2f}" if "flex_over_attn2d_fwd" in s else "-"
@@ -276,9 +279,15 @@ def _markdown(report: dict) -> str:
         if "per_pair_ratio_fwd_steady" in s:
             steady = (f"{s['per_pair_ratio_fwd_steady']:.2f} / "
                       f"{s['per_pair_ratio_bwd_steady']:.2f}")
+        faults = "-"
+        after, last = c["results"]["attn2d-pattern"], c["results"]["attn2d-pattern-steady"]
+        if "forward_faults" in after and "forward_faults" in last:
+            faults = (f"{after['forward_faults']:.0f} / {after['backward_faults']:.0f} "
+                      f"({last['forward_faults']:.0f} / {last['backward_faults']:.0f})")
         lines.append(f"| {c['case']} | {s['allowed_pairs']:,} | "
                      f"{s['visited_pairs'] / s['allowed_pairs']:.2f}x | "
-                     f"{s['per_pair_ratio_fwd']:.2f} / {bwd_ratio} | {steady} | {flex} |")
+                     f"{s['per_pair_ratio_fwd']:.2f} / {bwd_ratio} | {steady} | {faults} | "
+                     f"{flex} |")
     return "\n".join(lines) + "\n"
 
 

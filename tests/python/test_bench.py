@@ -86,6 +86,27 @@ def test_interleaved_training_steps_alternate_and_time_each():
         assert r["fwd_bwd_s"] >= max(r["forward_s"], r["backward_s"]) * 0.5
 
 
+def test_training_steps_count_the_page_faults_of_each_timed_span():
+    """A forward that writes a fresh 64 MiB buffer (above glibc's largest mmap threshold, 32 MiB,
+    so a new mapping every call) faults at least once per 2 MiB page, huge pages or not; a
+    backward that allocates nothing new does not fault that much, nor does a small function."""
+    class FreshForward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            big = torch.ones(2**24)  # 64 MiB, written: every page touched
+            return x * big[0]
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    small, fresh = bench.time_training_steps(
+        [lambda x: x * 2.0, FreshForward.apply], [torch.randn(3, 4)], reps=3)
+    assert fresh["forward_faults"] >= 32
+    assert fresh["forward_faults"] > 8 * max(small["forward_faults"], 1)
+    assert fresh["backward_faults"] < fresh["forward_faults"] / 8
+
+
 def test_interleaved_training_steps_run_at_least_min_seconds():
     calls = []
 
@@ -212,7 +233,12 @@ def test_pattern_bench_side_by_side(tmp_path):
     assert s["per_pair_ratio_fwd"] > 0 and s["per_pair_ratio_bwd"] > 0
     assert s["per_pair_ratio_fwd_steady"] > 0 and s["per_pair_ratio_bwd_steady"] > 0
     assert s["flex_over_attn2d_fwd"] > 0
-    assert "| window 3, 12x12 | attn2d-pattern |" in (tmp_path / "bench_patterns.md").read_text()
+    for name in ("attn2d-pattern", "attn2d-pattern-steady"):
+        assert c["results"][name]["forward_faults"] >= 0
+        assert c["results"][name]["backward_faults"] >= 0
+    text = (tmp_path / "bench_patterns.md").read_text()
+    assert "| window 3, 12x12 | attn2d-pattern |" in text
+    assert "page faults a pattern step" in text
 
 
 def test_pattern_bench_times_first_and_steady_steps_after_global(monkeypatch):
