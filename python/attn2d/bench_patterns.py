@@ -279,11 +279,9 @@ def _markdown(report: dict) -> str:
         if "per_pair_ratio_fwd_steady" in s:
             steady = (f"{s['per_pair_ratio_fwd_steady']:.2f} / "
                       f"{s['per_pair_ratio_bwd_steady']:.2f}")
-        faults = "-"
         after, last = c["results"]["attn2d-pattern"], c["results"]["attn2d-pattern-steady"]
-        if "forward_faults" in after and "forward_faults" in last:
-            faults = (f"{after['forward_faults']:.0f} / {after['backward_faults']:.0f} "
-                      f"({last['forward_faults']:.0f} / {last['backward_faults']:.0f})")
+        faults = (f"{after['forward_faults']:.0f} / {after['backward_faults']:.0f} "
+                  f"({last['forward_faults']:.0f} / {last['backward_faults']:.0f})")
         lines.append(f"| {c['case']} | {s['allowed_pairs']:,} | "
                      f"{s['visited_pairs'] / s['allowed_pairs']:.2f}x | "
                      f"{s['per_pair_ratio_fwd']:.2f} / {bwd_ratio} | {steady} | {faults} | "

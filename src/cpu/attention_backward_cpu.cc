@@ -170,15 +170,13 @@ void DeltaTask(void* ctx, std::int64_t task, int thread) {
   // a row at a time into a.dv_part (both arrays are free before the tiles run).
   const T* dout = a.dout;
   std::int64_t dout_ld = static_cast<std::int64_t>(Evp);
-  bool dout_in_place = false;
   if constexpr (std::is_same<IO, T>::value) {
     if (bp.dout_stride[3] == 1) {
       dout = static_cast<const T*>(bp.dout) + offset4(bp.dout_stride, b, h, i0, 0);
       dout_ld = bp.dout_stride[2];
-      dout_in_place = true;
     }
   }
-  if (!dout_in_place) {
+  if (dout == a.dout) {
     PackRows(static_cast<const IO*>(bp.dout) + offset4(bp.dout_stride, b, h, 0, 0), rows,
              bp.dout_stride[2], bp.dout_stride[3], Ev, T(1), a.dout, Evp, rows.count);
   }

@@ -4,6 +4,7 @@ rates against the measured FMA peak, and memory from subprocesses."""
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import time
 
@@ -87,14 +88,20 @@ def test_interleaved_training_steps_alternate_and_time_each():
 
 
 def test_training_steps_count_the_page_faults_of_each_timed_span():
-    """A forward that writes a fresh 64 MiB buffer (above glibc's largest mmap threshold, 32 MiB,
-    so a new mapping every call) faults at least once per 2 MiB page, huge pages or not; a
-    backward that allocates nothing new does not fault that much, nor does a small function."""
+    """A forward that writes a fresh 64 MiB anonymous mapping (its own mmap, so whatever malloc's
+    settings, e.g. the README's MALLOC_MMAP_THRESHOLD_, every call's pages are new) faults at
+    least once per 2 MiB page, huge pages or not; a backward that allocates nothing new does not
+    fault that much, nor does a small function."""
     class FreshForward(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x):
-            big = torch.ones(2**24)  # 64 MiB, written: every page touched
-            return x * big[0]
+            region = mmap.mmap(-1, 64 << 20)
+            pages = torch.frombuffer(region, dtype=torch.uint8)
+            pages.fill_(1)  # every page touched
+            first = float(pages[0])
+            del pages
+            region.close()
+            return x * first
 
         @staticmethod
         def backward(ctx, g):
