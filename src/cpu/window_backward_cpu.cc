@@ -388,10 +388,17 @@ Status WholeHeadBackward(const AttentionBackwardParams& bp, const Host& host,
   });
 }
 
+// Positions whose O^T a band packs at a time for D = rowsum(dO * O): 16 KiB at Ev = 16, where
+// a band's whole O^T took 128 KiB at width 256 beside ~1.7 MB of planes in a 2 MB L2. Against
+// the whole band (session 34, builds alternated 5-6 rounds, medians): the 1x1 window's backward
+// (the fixed part) 9.49 -> 8.64 ms at 256x256 and 2.16 -> 2.05 ms at 128x128 on two threads,
+// 18.2 -> 17.3 ms at 256x256 on one; the diamond 15 within noise (+1.2%, -2.5%, +2.5%).
+constexpr std::int64_t kDeltaChunk = 256;
+
 // A blocked task's arrays in its thread's scratch (base null: only counts them into `elems`):
 // scores and their gradients for R = kBlockRows vectors at the window's `count` offsets, the R
 // vectors' dQ^T, three lane vectors (a vector's pixel rows and columns for the border mask; the
-// softmax scale), and O^T of a band's `band` queries for D = rowsum(dO * O).
+// softmax scale), and O^T of kDeltaChunk queries for D = rowsum(dO * O).
 template <typename T>
 struct BlockScratch {
   T* S;        // (R, count, L) scores, then P
@@ -400,9 +407,9 @@ struct BlockScratch {
   T* lanes_i;  // (L,)
   T* lanes_j;  // (L,)
   T* scale;    // (L,)
-  T* ot;       // (ev_pad, band)
+  T* ot;       // (ev_pad, kDeltaChunk)
   size_t elems;
-  BlockScratch(T* base, size_t count, size_t e_pad, size_t ev_pad, size_t band, size_t L) {
+  BlockScratch(T* base, size_t count, size_t e_pad, size_t ev_pad, size_t L) {
     ScratchCarver<T> carve(base);
     S = carve.take(kBlockRows * count * L);
     G = carve.take(kBlockRows * count * L);
@@ -410,7 +417,7 @@ struct BlockScratch {
     lanes_i = carve.take(L);
     lanes_j = carve.take(L);
     scale = carve.take(L);
-    ot = carve.take(ev_pad * band);
+    ot = carve.take(ev_pad * static_cast<size_t>(kDeltaChunk));
     elems = carve.used();
   }
 };
@@ -573,10 +580,15 @@ HWY_INLINE void StreamGradQueries(const AttentionBackwardParams& bp, const Windo
                static_cast<T>(p.scale));
   StreamPixels(g, head(bp.dout, bp.dout_stride), bp.dout_stride, p0, p1, Ev, s.dot, s.ld,
                s.origin);
-  // D = rowsum(dO * O), vectorised over positions from O^T (Ev, band) in the scratch.
-  const size_t n = static_cast<size_t>(p1 - p0);
-  StreamPixels(g, head(p.out, p.out_stride), p.out_stride, p0, p1, Ev, ot, n, p0);
-  RowsumOfProducts(s.dot + (p0 - s.origin), s.ld, ot, n, Ev, n, s.delta + (p0 - s.origin));
+  // D = rowsum(dO * O), vectorised over positions from O^T (Ev, kDeltaChunk) in the scratch.
+  for (std::int64_t a = p0; a < p1; a += kDeltaChunk) {
+    const std::int64_t b = std::min(p1, a + kDeltaChunk);
+    const size_t n = static_cast<size_t>(b - a);
+    StreamPixels(g, head(p.out, p.out_stride), p.out_stride, a, b, Ev, ot,
+                 static_cast<size_t>(kDeltaChunk), a);
+    RowsumOfProducts(s.dot + (a - s.origin), s.ld, ot, static_cast<size_t>(kDeltaChunk), Ev, n,
+                     s.delta + (a - s.origin));
+  }
   PackLse(g, static_cast<const T*>(p.lse) + b * p.lse_stride[0] + h * p.lse_stride[1],
           p.lse_stride[2], p0, p1, s.lse + (p0 - s.origin));
 }
@@ -642,8 +654,7 @@ void SegmentTask(void* ctx, std::int64_t task, int thread) {
   if (slot < 0) slot = (*plan.slots_taken)++;
   GradStream<T>& s = plan.streams[slot];
   const BlockScratch<T> arrays(plan.scratch + static_cast<size_t>(slot) * plan.scratch_elems,
-                               static_cast<size_t>(g.count), plan.e_pad, plan.ev_pad,
-                               static_cast<size_t>(plan.band), L);
+                               static_cast<size_t>(g.count), plan.e_pad, plan.ev_pad, L);
   std::fill(arrays.scale, arrays.scale + L, static_cast<T>(p.scale));  // dQ = scale dS K
   std::int64_t written = plan.lo(P0);  // keys below are written out
   for (std::int64_t band = first; band < last; ++band) {
@@ -732,8 +743,7 @@ Status StreamBackward(const AttentionBackwardParams& bp, const Host& host,
   plan.segments = (plan.bands + plan.bands_per_segment - 1) / plan.bands_per_segment;
   const size_t ld = KeyStream<T>::RowLength(g, plan.band);
   const size_t plane_elems = ScratchCarver<T>::padded(GradStream<T>::Elems(ld, e_pad, ev_pad));
-  plan.scratch_elems = BlockScratch<T>(nullptr, count, e_pad, ev_pad,
-                                       static_cast<size_t>(plan.band), L).elems;
+  plan.scratch_elems = BlockScratch<T>(nullptr, count, e_pad, ev_pad, L).elems;
   const size_t halo_elems = static_cast<size_t>(pairs * (plan.segments - 1) * 2 *
                                                 (p.dim_qk + p.dim_v) * plan.span);
   const std::int64_t slots = std::min<std::int64_t>(threads, pairs * plan.segments);
