@@ -168,7 +168,10 @@ def run_case(case: PatternCase, reps: int, with_memory: bool, with_flex: bool,
     # loop that touches no memory) runs 30-45% slower, and the next two or three calls 10-15%
     # (128x128 diamond forward, one thread: 8.2 ms back to back, 11.1 ms after a 350 ms sleep,
     # 9.3 ms the call after): a state of the machine that a 1 s global step amortises and a
-    # 5 ms pattern step does not.
+    # 5 ms pattern step does not. It is the memory system's: after 0.4 s without memory traffic
+    # a 32 MiB copy's first call takes 2.5x its steady time and the copy recovers over 10-25 ms
+    # of streaming, where a copy within the L2 or an FMA loop slows only its first call (session
+    # 35, docs/bench/pattern-sessions.md).
     log(f"    attn2d {case.pattern!r} (layout built in {build_s:.1f} s) and attn2d global, "
         "interleaved ...")
     pattern_fn = lambda a, b, c: attn2d.attention2d(a, b, c, pattern=case.pattern)  # noqa: E731
