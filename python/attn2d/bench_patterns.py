@@ -241,6 +241,35 @@ def run_case(case: PatternCase, reps: int, with_memory: bool, with_flex: bool,
     return {"case": case.name, "results": results, "summary": summary}
 
 
+def memory_ramp(nbytes: int = 32 << 20, idle_s: float = 0.4, calls: int = 8,
+                rounds: int = 3) -> dict:
+    """Medians over `rounds` of a copy of `nbytes`, call by call, right after `idle_s` of a
+    Python busy loop that touches no memory: a probe of the state the 'after global' column
+    measures in. On the development VM work that streams from memory runs up to 2.5x slower
+    after ~0.4 s without memory traffic and recovers over 10-25 ms of streaming (32 MiB, two
+    threads: 3.25, 3.04, 2.04, 1.62, 1.44, 1.28 ms, then 1.25-1.29), where a copy within the L2
+    or an FMA loop slows only its first call (session 35, docs/bench/pattern-sessions.md); the
+    global step, bound by its arithmetic, is such a phase for the pattern step after it."""
+    if nbytes < 4 or calls < 2 or rounds < 1 or not idle_s >= 0:
+        raise ValueError(f"memory_ramp: expected nbytes >= 4, calls >= 2, rounds >= 1 and "
+                         f"idle_s >= 0; got {nbytes}, {calls}, {rounds}, {idle_s}")
+    src = torch.ones(nbytes // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # both faulted in before any timing
+    times: list[list[float]] = [[] for _ in range(calls)]
+    for _ in range(rounds):
+        end = time.perf_counter() + idle_s
+        while time.perf_counter() < end:
+            pass
+        for i in range(calls):
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            times[i].append(time.perf_counter() - t0)
+    copy_s = [statistics.median(t) for t in times]
+    return {"bytes": nbytes, "idle_s": idle_s, "copy_s": copy_s,
+            "first_over_last": copy_s[0] / copy_s[-1]}
+
+
 def _markdown(report: dict) -> str:
     lines = [
         "# attn2d bench --patterns",
@@ -274,6 +303,14 @@ def _markdown(report: dict) -> str:
               "| page faults a pattern step, after global: fwd / bwd (steady) "
               "| Flex fwd time / attn2d's |",
               "|---|---|---|---|---|---|---|"]
+    ramp = report.get("memory_ramp")
+    if ramp is not None:
+        lines[-3:-3] = [
+            "", f"The machine's memory after {ramp['idle_s']:g} s without memory traffic (a busy "
+            "loop; the global step before 'after global' is bound by its arithmetic): a "
+            f"{format_bytes(ramp['bytes'])} copy, call by call, "
+            + ", ".join(f"{1e3 * t:.2f}" for t in ramp["copy_s"])
+            + f" ms (the first {ramp['first_over_last']:.2f}x the last)."]
     for c in report["cases"]:
         s = c["summary"]
         flex = f"{s['flex_over_attn2d_fwd']:.2f}" if "flex_over_attn2d_fwd" in s else "-"
@@ -294,7 +331,7 @@ def _markdown(report: dict) -> str:
 
 def run(out_dir: str = "attn2d-report", *, cases: Optional[list[PatternCase]] = None,
         reps: int = 5, with_memory: bool = True, with_flex: bool = True,
-        log: Callable[[str], None] = print) -> dict:
+        with_ramp: bool = True, log: Callable[[str], None] = print) -> dict:
     import platform
 
     import attn2d
@@ -305,6 +342,9 @@ def run(out_dir: str = "attn2d-report", *, cases: Optional[list[PatternCase]] = 
     report = {"machine": f"{platform.machine()}, attn2d on {attn2d.cpu_simd_target()}, "
                          f"torch {torch.__version__}",
               "threads": torch.get_num_threads(), "reps": reps, "cases": []}
+    if with_ramp:
+        log("memory probe: a copy right after a busy loop ...")
+        report["memory_ramp"] = memory_ramp()
     for i, case in enumerate(cases, 1):
         log(f"[{i}/{len(cases)}] {case.name}")
         report["cases"].append(run_case(case, reps, with_memory, with_flex, log))

@@ -243,9 +243,38 @@ def test_pattern_bench_side_by_side(tmp_path):
     for name in ("attn2d-pattern", "attn2d-pattern-steady"):
         assert c["results"][name]["forward_faults"] >= 0
         assert c["results"][name]["backward_faults"] >= 0
+    ramp = report["memory_ramp"]
+    assert len(ramp["copy_s"]) == 8 and min(ramp["copy_s"]) > 0
     text = (tmp_path / "bench_patterns.md").read_text()
     assert "| window 3, 12x12 | attn2d-pattern |" in text
     assert "page faults a pattern step" in text
+    assert "a 32.0 MiB copy, call by call, " in text
+
+
+def test_memory_ramp_times_each_call_after_the_busy_loop(monkeypatch):
+    from attn2d import bench_patterns
+
+    # Each round: the busy loop, then the copies; the i-th median is the i-th call's.
+    copies = []
+    real_copy = torch.Tensor.copy_
+
+    def counting_copy(self, src, *args, **kwargs):
+        copies.append(time.perf_counter())
+        return real_copy(self, src, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "copy_", counting_copy)
+    start = time.perf_counter()
+    ramp = bench_patterns.memory_ramp(nbytes=1 << 16, idle_s=0.05, calls=3, rounds=2)
+    assert ramp["bytes"] == 1 << 16 and ramp["idle_s"] == 0.05
+    assert len(ramp["copy_s"]) == 3 and min(ramp["copy_s"]) > 0
+    assert ramp["first_over_last"] == pytest.approx(ramp["copy_s"][0] / ramp["copy_s"][-1])
+    # One untimed copy to fault the buffers in, then 3 a round, each round after 0.05 s idle.
+    assert len(copies) == 1 + 3 * 2
+    assert copies[1] - start >= 0.05 and copies[4] - copies[3] >= 0.05
+    for bad in (dict(nbytes=2), dict(calls=1), dict(rounds=0), dict(idle_s=-1.0),
+                dict(idle_s=float("nan"))):
+        with pytest.raises(ValueError, match="memory_ramp"):
+            bench_patterns.memory_ramp(**bad)
 
 
 def test_pattern_bench_times_first_and_steady_steps_after_global(monkeypatch):
