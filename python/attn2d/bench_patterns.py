@@ -168,10 +168,7 @@ def run_case(case: PatternCase, reps: int, with_memory: bool, with_flex: bool,
     # loop that touches no memory) runs 30-45% slower, and the next two or three calls 10-15%
     # (128x128 diamond forward, one thread: 8.2 ms back to back, 11.1 ms after a 350 ms sleep,
     # 9.3 ms the call after): a state of the machine that a 1 s global step amortises and a
-    # 5 ms pattern step does not. It is the memory system's: after 0.4 s without memory traffic
-    # a 32 MiB copy's first call takes 2.5x its steady time and the copy recovers over 10-25 ms
-    # of streaming, where a copy within the L2 or an FMA loop slows only its first call (session
-    # 35, docs/bench/pattern-sessions.md).
+    # 5 ms pattern step does not: the memory system's (memory_ramp below probes it).
     log(f"    attn2d {case.pattern!r} (layout built in {build_s:.1f} s) and attn2d global, "
         "interleaved ...")
     pattern_fn = lambda a, b, c: attn2d.attention2d(a, b, c, pattern=case.pattern)  # noqa: E731
@@ -331,7 +328,7 @@ def _markdown(report: dict) -> str:
 
 def run(out_dir: str = "attn2d-report", *, cases: Optional[list[PatternCase]] = None,
         reps: int = 5, with_memory: bool = True, with_flex: bool = True,
-        with_ramp: bool = True, log: Callable[[str], None] = print) -> dict:
+        log: Callable[[str], None] = print) -> dict:
     import platform
 
     import attn2d
@@ -342,9 +339,8 @@ def run(out_dir: str = "attn2d-report", *, cases: Optional[list[PatternCase]] = 
     report = {"machine": f"{platform.machine()}, attn2d on {attn2d.cpu_simd_target()}, "
                          f"torch {torch.__version__}",
               "threads": torch.get_num_threads(), "reps": reps, "cases": []}
-    if with_ramp:
-        log("memory probe: a copy right after a busy loop ...")
-        report["memory_ramp"] = memory_ramp()
+    log("memory probe: a copy right after a busy loop ...")
+    report["memory_ramp"] = memory_ramp()
     for i, case in enumerate(cases, 1):
         log(f"[{i}/{len(cases)}] {case.name}")
         report["cases"].append(run_case(case, reps, with_memory, with_flex, log))

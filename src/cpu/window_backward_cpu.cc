@@ -582,9 +582,9 @@ HWY_INLINE void StreamGradQueries(const AttentionBackwardParams& bp, const Windo
                s.origin);
   // D = rowsum(dO * O), vectorised over positions from O^T (Ev, kDeltaChunk) in the scratch.
   for (std::int64_t a = p0; a < p1; a += kDeltaChunk) {
-    const std::int64_t b = std::min(p1, a + kDeltaChunk);
-    const size_t n = static_cast<size_t>(b - a);
-    StreamPixels(g, head(p.out, p.out_stride), p.out_stride, a, b, Ev, ot,
+    const std::int64_t a_end = std::min(p1, a + kDeltaChunk);
+    const size_t n = static_cast<size_t>(a_end - a);
+    StreamPixels(g, head(p.out, p.out_stride), p.out_stride, a, a_end, Ev, ot,
                  static_cast<size_t>(kDeltaChunk), a);
     RowsumOfProducts(s.dot + (a - s.origin), s.ld, ot, static_cast<size_t>(kDeltaChunk), Ev, n,
                      s.delta + (a - s.origin));
