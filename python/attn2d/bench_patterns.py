@@ -294,20 +294,20 @@ def _markdown(report: dict) -> str:
               "'after global' times the pattern's step right after the global one; 'steady' "
               f"its {STEADY_STEPS + 1}th step in a row (attn2d-pattern-steady above). Page "
               "faults: medians a step, the process's (glibc may hand freed memory back after "
-              "each call, and the next one faults its outputs in anew: attn2d's README, Use).",
-              "", "| case | allowed pairs | visited by attn2d (forward and backward each) "
-              "| per pair / global's, after global: fwd / bwd | steady: fwd / bwd "
-              "| page faults a pattern step, after global: fwd / bwd (steady) "
-              "| Flex fwd time / attn2d's |",
-              "|---|---|---|---|---|---|---|"]
+              "each call, and the next one faults its outputs in anew: attn2d's README, Use)."]
     ramp = report.get("memory_ramp")
     if ramp is not None:
-        lines[-3:-3] = [
+        lines += [
             "", f"The machine's memory after {ramp['idle_s']:g} s without memory traffic (a busy "
             "loop; the global step before 'after global' is bound by its arithmetic): a "
             f"{format_bytes(ramp['bytes'])} copy, call by call, "
             + ", ".join(f"{1e3 * t:.2f}" for t in ramp["copy_s"])
             + f" ms (the first {ramp['first_over_last']:.2f}x the last)."]
+    lines += ["", "| case | allowed pairs | visited by attn2d (forward and backward each) "
+              "| per pair / global's, after global: fwd / bwd | steady: fwd / bwd "
+              "| page faults a pattern step, after global: fwd / bwd (steady) "
+              "| Flex fwd time / attn2d's |",
+              "|---|---|---|---|---|---|---|"]
     for c in report["cases"]:
         s = c["summary"]
         flex = f"{s['flex_over_attn2d_fwd']:.2f}" if "flex_over_attn2d_fwd" in s else "-"
