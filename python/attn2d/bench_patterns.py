@@ -250,7 +250,8 @@ def memory_ramp(nbytes: int = 32 << 20, idle_s: float = 0.4, calls: int = 8,
     if nbytes < 4 or calls < 2 or rounds < 1 or not idle_s >= 0:
         raise ValueError(f"memory_ramp: expected nbytes >= 4, calls >= 2, rounds >= 1 and "
                          f"idle_s >= 0; got {nbytes}, {calls}, {rounds}, {idle_s}")
-    src = torch.ones(nbytes // 4)
+    # float32 whatever torch's default dtype: nbytes is reported as the copy's size.
+    src = torch.ones(nbytes // 4, dtype=torch.float32)
     dst = torch.empty_like(src)
     dst.copy_(src)  # both faulted in before any timing
     times: list[list[float]] = [[] for _ in range(calls)]
