@@ -1,7 +1,10 @@
 """Runs one case in a fresh process and prints its time and peak memory as JSON.
 
 A case is either bare attention ({"impl": "attn2d" or a name in attn2d.peers.PEERS, "B", "H", "Lq", "Lk", "E",
-"Ev"}) or one of seed 000's blocks ({"block": "SelfAttention" | "SelfAttention2", "impl":
+"Ev"}; with "q_hw", "kv_hw" and an optional "pattern" spec, attn2d.attention2d; with impl
+"sdpa-math-masked", a pattern and its grids, SDPA's math path under the pattern's dense mask;
+with impl "flex-masked" and "backward": false, FlexAttention's compiled forward under its block
+mask) or one of seed 000's blocks ({"block": "SelfAttention" | "SelfAttention2", "impl":
 "attn2d" | "original", "res", "channels", "batch"}), forward and (by default) backward.
 
 Peak memory is the resident set's high-water mark (VmHWM) after the inputs exist and one
@@ -58,7 +61,7 @@ def _reset_peak() -> bool:
         return False
 
 
-from .peers import PEERS  # noqa: E402
+from .peers import DENSE_MASKED, PEERS, dense_masked_math  # noqa: E402
 
 
 def _attention_case(case):
@@ -78,6 +81,25 @@ def _attention_case(case):
     v = torch.randn(B, H, Lk, Ev, generator=gen, dtype=dtype).requires_grad_(backward)
     grad = torch.randn(B, H, Lq, Ev, generator=gen, dtype=dtype)
     impl = case["impl"]
+    if impl == DENSE_MASKED:
+        # The pattern as a dense (H, Lq, Lk) bool mask on SDPA's math path. The mask is an input
+        # built before the baseline, as attn2d's cached layout is below.
+        from attn2d.patterns import from_spec
+
+        mask = from_spec(case["pattern"]).dense_mask(tuple(case["q_hw"]), tuple(case["kv_hw"]), H)
+        return (lambda: dense_masked_math(q, k, v, mask, scale)), grad, [q, k, v]
+    if impl == "flex-masked":
+        # FlexAttention's compiled forward under the pattern's block mask (no CPU backward:
+        # run with "backward": false); the block mask is an input, compiled in the warm-up.
+        from attn2d.bench_patterns import PatternCase, flex_forward
+        from attn2d.patterns import from_spec
+
+        pc = PatternCase("probe", H, tuple(case["q_hw"]), tuple(case["kv_hw"]), E, Ev,
+                         from_spec(case["pattern"]))
+        run = flex_forward(pc, q.detach(), k.detach(), v.detach())
+        if run is None:
+            raise SystemExit("FlexAttention or this pattern's mask_mod is unavailable")
+        return run, grad, [q, k, v]
     if "q_hw" in case:  # a pixel grid, optionally with a pattern: attention2d
         from attn2d.patterns import from_spec
 

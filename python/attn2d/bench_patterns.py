@@ -22,11 +22,22 @@ import torch
 
 from . import _layout
 from .bench import paired_speedup, time_training_step, time_training_steps
-from .memory import format_bytes, measure
+from .memory import available_memory_bytes, format_bytes, measure
+from .peers import DENSE_MASKED, dense_masked_math
 from . import patterns as P
 from .patterns import YLG, Window
 
-DENSE_LIMIT = 1 << 28  # heads * N * M elements: beyond, the masked math path would need > 3 GiB
+# The dense-masked peer runs where its matrices fit: at DENSE_BYTES_PER_SCORE bytes a score
+# (heads * N * M of them) in at most DENSE_MEMORY_SHARE of the memory the system has available.
+# SDPA's math path holds the scores, the mask made additive, the probabilities kept for the
+# backward and, in the backward, their gradient and dS: YLG(8) at 128x128 over 64x64 (0.5 G
+# scores) peaked 6.5 GiB above its inputs and mask in the probe (session 38), 13.0 bytes a
+# score; 16 leave room for the process around it. On the 24 GiB development VM (~22 GiB
+# available) that runs it for YLG at 128x128 and not for the 128x128 windows (1.0 G scores).
+DENSE_BYTES_PER_SCORE = 16
+DENSE_MEMORY_SHARE = 0.6
+# The probe's name for the Flex peer (attn2d._probe).
+FLEX_MASKED = "flex-masked"
 # create_block_mask evaluates mask_mod over every (head, query, key) at once: 1.07 G elements
 # (128x128, 4 heads) take several GiB; 8.6 G (YLG at 256x256 over 128x128, 8 heads) got the
 # process killed for memory.
@@ -70,6 +81,26 @@ def default_cases() -> list[PatternCase]:
 def quick_cases() -> list[PatternCase]:
     return [PatternCase("window 7, 32x32", 2, (32, 32), (32, 32), 16, 16, Window(7)),
             PatternCase("YLG, 32x32 over 16x16", 8, (32, 32), (16, 16), 8, 16, YLG(8))]
+
+
+def dense_masked_skip_reason(scores: int, available: Optional[int] = None) -> Optional[str]:
+    """Why the dense-masked peer cannot run `scores` (heads * N * M) scores here, or None where
+    its estimated peak fits DENSE_MEMORY_SHARE of the available memory (`available` bytes, by
+    default what the system reports now)."""
+    available = available_memory_bytes() if available is None else available
+    need = DENSE_BYTES_PER_SCORE * scores
+    if available is not None and need <= DENSE_MEMORY_SHARE * available:
+        return None
+    have = "an unknown amount" if available is None else format_bytes(available)
+    return (f"{scores / 2**30:.1f} G scores need ~{format_bytes(need)}, over "
+            f"{DENSE_MEMORY_SHARE:.0%} of the {have} of memory available")
+
+
+def _time_dense_masked(case: PatternCase, inputs: list[torch.Tensor], reps: int) -> dict:
+    """time_training_step of the dense-masked peer; its mask (a byte a score) is freed on return,
+    before the memory probes run."""
+    mask = case.pattern.dense_mask(case.q_hw, case.kv_hw, case.heads)
+    return time_training_step(lambda a, b, c: dense_masked_math(a, b, c, mask), inputs, reps)
 
 
 def _median(fn: Callable[[], object], reps: int) -> float:
@@ -122,8 +153,9 @@ def _mask_mod(case: PatternCase):
     return ylg_mod
 
 
-def _flex_forward(case: PatternCase, q, k, v) -> Optional[Callable]:
-    """FlexAttention's compiled CPU forward with the pattern as its block mask."""
+def flex_forward(case: PatternCase, q, k, v) -> Optional[Callable]:
+    """FlexAttention's compiled CPU forward with the pattern as its block mask (None where
+    Flex or this pattern's mask_mod is unavailable); compiles on its first call."""
     try:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     except ImportError:
@@ -157,8 +189,6 @@ def run_case(case: PatternCase, reps: int, with_memory: bool, with_flex: bool,
     build_s = time.perf_counter() - t0
     visited = B * _layout.kernel_visited_pairs(case.pattern, case.q_hw, case.kv_hw, layout)
     allowed = B * _layout.allowed_pairs(layout)
-    dense_fits = H * n * m <= DENSE_LIMIT
-    mask = case.pattern.dense_mask(case.q_hw, case.kv_hw, H) if dense_fits else None
     results = {}
     # The pattern and the global kernel interleaved (bench.time_training_steps): the per-pair
     # ratios are the target, and timed minutes apart they carried the VM's drift. Each rep runs
@@ -178,18 +208,12 @@ def run_case(case: PatternCase, reps: int, with_memory: bool, with_flex: bool,
     results["attn2d-pattern"], results["attn2d-global"] = runs[1], runs[0]
     results["attn2d-pattern-steady"] = runs[-1]
     q4, k4, v4 = q.flatten(2, 3), k.flatten(2, 3), v.flatten(2, 3)
-    if dense_fits:
+    dense_skip = dense_masked_skip_reason(B * H * n * m)
+    if dense_skip is None:
         log("    dense-masked SDPA math ...")
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        def masked(a, b, c):
-            with sdpa_kernel(SDPBackend.MATH):
-                return torch.nn.functional.scaled_dot_product_attention(a, b, c, attn_mask=mask)
-
-        results["dense-masked-math"] = time_training_step(masked, [q4, k4, v4], reps)
+        results["dense-masked-math"] = _time_dense_masked(case, [q4, k4, v4], reps)
     else:
-        results["dense-masked-math"] = {
-            "skipped": f"{H * n * m / 2**30:.1f} G scores over the {DENSE_LIMIT / 2**30:.2f} G limit"}
+        results["dense-masked-math"] = {"skipped": dense_skip}
     if with_flex and H * n * m > FLEX_LIMIT * 1.01:
         results["flex-forward"] = {
             "skipped": f"Flex's mask evaluation takes {H * n * m / 2**30:.1f} G elements at once, "
@@ -197,7 +221,7 @@ def run_case(case: PatternCase, reps: int, with_memory: bool, with_flex: bool,
     elif with_flex:
         log("    FlexAttention forward (compiling) ...")
         try:
-            flex = _flex_forward(case, q4, k4, v4)
+            flex = flex_forward(case, q4, k4, v4)
             if flex is None:
                 results["flex-forward"] = {"skipped": "FlexAttention or this pattern's "
                                                       "mask_mod unavailable"}
@@ -229,12 +253,21 @@ def run_case(case: PatternCase, reps: int, with_memory: bool, with_flex: bool,
     if "forward_s" in results.get("flex-forward", {}):
         summary["flex_over_attn2d_fwd"] = results["flex-forward"]["forward_s"] / ours["forward_s"]
     if with_memory:
-        for impl in ("attn2d-pattern", "attn2d-global"):
-            spec = dict(impl="attn2d", B=B, H=H, Lq=n, Lk=m, E=case.E, Ev=case.Ev,
+        # Each implementation that ran, in a process of its own (attn2d._probe); Flex's
+        # forward only, compiled in its warm-up run. The dense mask, Flex's block mask and
+        # attn2d's layout are built before the baseline: inputs, as q, k and v are.
+        probes = {"attn2d-pattern": "attn2d", "attn2d-global": "attn2d",
+                  "dense-masked-math": DENSE_MASKED, "flex-forward": FLEX_MASKED}
+        for name, impl in probes.items():
+            if "forward_s" not in results.get(name, {}):
+                continue
+            spec = dict(impl=impl, B=B, H=H, Lq=n, Lk=m, E=case.E, Ev=case.Ev,
                         q_hw=list(case.q_hw), kv_hw=list(case.kv_hw))
-            if impl == "attn2d-pattern":
+            if name != "attn2d-global":
                 spec["pattern"] = case.pattern.to_spec()
-            results[impl]["peak_bytes"] = measure(spec)["peak_above_baseline_bytes"]
+            if name == "flex-forward":
+                spec["backward"] = False
+            results[name]["peak_bytes"] = measure(spec)["peak_above_baseline_bytes"]
     return {"case": case.name, "results": results, "summary": summary}
 
 
@@ -275,7 +308,9 @@ def _markdown(report: dict) -> str:
         f"{report['machine']}; {report['threads']} threads; medians of {report['reps']} "
         "training steps (forward with autograd recording, backward) after a warm-up, the "
         "pattern's and the global kernel's runs interleaved; Flex: forward only (no CPU "
-        "backward), compiled.",
+        "backward), compiled. Peak memory: above the inputs, each implementation in a process "
+        "of its own (attn2d's layout, the dense mask and Flex's block mask are built first, "
+        "as inputs).",
         "",
         "| case | implementation | forward | backward | peak memory | ns per pair (fwd) |",
         "|---|---|---|---|---|---|",

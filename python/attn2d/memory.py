@@ -35,6 +35,22 @@ def measure(case: dict[str, Any], timeout: Optional[float] = None) -> dict[str, 
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def available_memory_bytes() -> Optional[int]:
+    """Memory the system can give a new allocation without swapping: MemAvailable from
+    /proc/meminfo, else the free physical pages sysconf reports, else None (unknown)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
 def unfused_attention_bytes(
     batch: int, heads: int, len_q: int, len_k: int, elem_bytes: int = 4, training: bool = True
 ) -> int:

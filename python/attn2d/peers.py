@@ -28,6 +28,18 @@ def _forced(backend):
     return run
 
 
+# The name of the dense-masked peer of a local pattern (bench --patterns and the probe): it needs
+# the pattern's mask as well as q, k, v, so it is not in PEERS.
+DENSE_MASKED = "sdpa-math-masked"
+
+
+def dense_masked_math(q, k, v, mask, scale=None):
+    """SDPA's math path under a dense bool mask (True: the key is allowed): the unfused
+    reference for a local pattern, with its (B, H, Lq, Lk) score matrices."""
+    with sdpa_kernel(SDPBackend.MATH):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+
 PEERS = {
     "unfused": unfused,
     "sdpa": sdpa,

@@ -322,3 +322,63 @@ def test_flex_mask_mods_are_the_patterns(pattern, q_hw, kv_hw, heads):
     got = create_mask(bench_patterns._mask_mod(case), 1, heads, q_hw[0] * q_hw[1],
                       kv_hw[0] * kv_hw[1], device="cpu")[0]
     assert torch.equal(got, p.dense_mask(q_hw, kv_hw, heads))
+
+
+def test_dense_masked_peer_runs_where_its_matrices_fit(monkeypatch):
+    from attn2d import bench_patterns as bp
+
+    scores = 1 << 30
+    enough = int(bp.DENSE_BYTES_PER_SCORE * scores / bp.DENSE_MEMORY_SHARE)
+    assert bp.dense_masked_skip_reason(scores, available=enough + 16) is None
+    reason = bp.dense_masked_skip_reason(scores, available=enough - 16)
+    assert "1.0 G scores need ~16.0 GiB" in reason and "available" in reason
+    # By default the system's available memory decides; where it is unknown, the peer never runs.
+    monkeypatch.setattr(bp, "available_memory_bytes", lambda: enough + 16)
+    assert bp.dense_masked_skip_reason(scores) is None
+    monkeypatch.setattr(bp, "available_memory_bytes", lambda: None)
+    assert "unknown" in bp.dense_masked_skip_reason(1)
+
+
+def test_available_memory_is_what_the_system_reports():
+    from attn2d.memory import available_memory_bytes
+
+    with open("/proc/meminfo") as f:
+        fields = dict(line.split(":", 1) for line in f)
+    reported = int(fields["MemAvailable"].split()[0]) * 1024
+    # MemAvailable moves as other processes run: within 10% of a second reading.
+    assert abs(available_memory_bytes() - reported) <= 0.1 * reported
+
+
+def test_pattern_bench_measures_the_dense_peers_memory(monkeypatch, tmp_path):
+    """With memory on, each peer that ran gets its peak from a probe of its own: the dense
+    peer's spec names the masked math path and the pattern; skipped peers get none."""
+    from attn2d import bench_patterns as bp
+    from attn2d.patterns import Window
+
+    specs = []
+
+    def fake_measure(spec, timeout=None):
+        specs.append(spec)
+        return {"peak_above_baseline_bytes": 1000 + len(specs)}
+
+    monkeypatch.setattr(bp, "measure", fake_measure)
+    # Flex stood in for by a plain forward (its compile is the probe test's below).
+    monkeypatch.setattr(bp, "flex_forward", lambda case, q, k, v: (lambda: q * 1.0))
+    case = bp.PatternCase("w", 1, (6, 6), (6, 6), 4, 4, Window(3))
+    out = bp.run_case(case, reps=1, with_memory=True, with_flex=True, log=lambda line: None)
+    impls = [s["impl"] for s in specs]
+    assert impls == ["attn2d", "attn2d", "sdpa-math-masked", "flex-masked"], specs
+    assert "pattern" in specs[0] and "pattern" not in specs[1]
+    for spec in specs[2:]:
+        assert spec["pattern"] == Window(3).to_spec() and spec["q_hw"] == [6, 6]
+    assert specs[3]["backward"] is False and "backward" not in specs[2]
+    r = out["results"]
+    assert [r[k]["peak_bytes"] for k in ("attn2d-pattern", "attn2d-global",
+                                         "dense-masked-math", "flex-forward")] == [
+        1001, 1002, 1003, 1004]
+    # Too little memory for the dense peer: skipped with its reason, and not probed.
+    specs.clear()
+    monkeypatch.setattr(bp, "available_memory_bytes", lambda: 1)
+    out = bp.run_case(case, reps=1, with_memory=True, with_flex=False, log=lambda line: None)
+    assert "available" in out["results"]["dense-masked-math"]["skipped"]
+    assert [s["impl"] for s in specs] == ["attn2d", "attn2d"]

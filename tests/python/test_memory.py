@@ -62,3 +62,38 @@ print(before - _probe._status_kib("VmRSS"))
                          check=True)
     released_kib = int(out.stdout.strip().splitlines()[-1])
     assert released_kib >= 60 * 1024, out.stdout
+
+
+def test_the_probe_runs_a_pattern_under_its_dense_mask():
+    """The dense-masked peer (SDPA's math path under pattern.dense_mask) computes the same
+    attention as attn2d's kernel on the same inputs, and the probe sees its H x Lq x Lk
+    matrices: YLG over a 32x32 map and 16x16 keys, 8 heads, 2 M scores."""
+    from attn2d.patterns import YLG
+
+    case = dict(B=1, H=8, Lq=1024, Lk=256, E=8, Ev=16, q_hw=[32, 32], kv_hw=[16, 16],
+                pattern=YLG(8).to_spec(), checksum=True)
+    dense = measure(dict(case, impl="sdpa-math-masked"))
+    ours = measure(dict(case, impl="attn2d"))
+    assert abs(dense["out_sum"] - ours["out_sum"]) <= 1e-5 * (1 + abs(ours["out_sum"])), (
+        dense, ours)
+    scores = 8 * 1024 * 256
+    # At least the scores and the probabilities kept for the backward (float32 each).
+    assert dense["peak_above_baseline_bytes"] >= 8 * scores, dense
+    assert ours["peak_above_baseline_bytes"] < dense["peak_above_baseline_bytes"], (ours, dense)
+
+
+def test_the_probe_runs_flex_forward_under_the_patterns_block_mask():
+    """The Flex peer's forward (compiled in the probe's warm-up) computes the same attention as
+    attn2d's kernel: a 7x7 Manhattan window over a 12x12 map, 2 heads."""
+    import pytest
+
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    from attn2d.patterns import Window
+
+    case = dict(B=1, H=2, Lq=144, Lk=144, E=16, Ev=16, q_hw=[12, 12], kv_hw=[12, 12],
+                pattern=Window(7, "manhattan").to_spec(), checksum=True, backward=False)
+    flex = measure(dict(case, impl="flex-masked"), timeout=600)
+    ours = measure(dict(case, impl="attn2d"))
+    assert flex["backward_s"] is None and flex["forward_s"] > 0
+    assert abs(flex["out_sum"] - ours["out_sum"]) <= 1e-5 * (1 + abs(ours["out_sum"])), (
+        flex, ours)
