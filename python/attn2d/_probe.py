@@ -61,7 +61,7 @@ def _reset_peak() -> bool:
         return False
 
 
-from .peers import DENSE_MASKED, PEERS, dense_masked_math  # noqa: E402
+from .peers import DENSE_MASKED, FLEX_MASKED, PEERS, dense_masked_math  # noqa: E402
 
 
 def _attention_case(case):
@@ -88,7 +88,7 @@ def _attention_case(case):
 
         mask = from_spec(case["pattern"]).dense_mask(tuple(case["q_hw"]), tuple(case["kv_hw"]), H)
         return (lambda: dense_masked_math(q, k, v, mask, scale)), grad, [q, k, v]
-    if impl == "flex-masked":
+    if impl == FLEX_MASKED:
         # FlexAttention's compiled forward under the pattern's block mask (no CPU backward:
         # run with "backward": false); the block mask is an input, compiled in the warm-up.
         from attn2d.bench_patterns import PatternCase, flex_forward

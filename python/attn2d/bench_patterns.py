@@ -23,7 +23,7 @@ import torch
 from . import _layout
 from .bench import paired_speedup, time_training_step, time_training_steps
 from .memory import available_memory_bytes, format_bytes, measure
-from .peers import DENSE_MASKED, dense_masked_math
+from .peers import DENSE_MASKED, FLEX_MASKED, dense_masked_math
 from . import patterns as P
 from .patterns import YLG, Window
 
@@ -36,8 +36,6 @@ from .patterns import YLG, Window
 # available) that runs it for YLG at 128x128 and not for the 128x128 windows (1.0 G scores).
 DENSE_BYTES_PER_SCORE = 16
 DENSE_MEMORY_SHARE = 0.6
-# The probe's name for the Flex peer (attn2d._probe).
-FLEX_MASKED = "flex-masked"
 # create_block_mask evaluates mask_mod over every (head, query, key) at once: 1.07 G elements
 # (128x128, 4 heads) take several GiB; 8.6 G (YLG at 256x256 over 128x128, 8 heads) got the
 # process killed for memory.
@@ -252,6 +250,10 @@ def run_case(case: PatternCase, reps: int, with_memory: bool, with_flex: bool,
                                             * pairs_over_allowed)
     if "forward_s" in results.get("flex-forward", {}):
         summary["flex_over_attn2d_fwd"] = results["flex-forward"]["forward_s"] / ours["forward_s"]
+    dense = results["dense-masked-math"]
+    if "forward_s" in dense:
+        summary["dense_over_attn2d_fwd"] = dense["forward_s"] / ours["forward_s"]
+        summary["dense_over_attn2d_bwd"] = dense["backward_s"] / ours["backward_s"]
     if with_memory:
         # Each implementation that ran, in a process of its own (attn2d._probe); Flex's
         # forward only, compiled in its warm-up run. The dense mask, Flex's block mask and
@@ -268,6 +270,8 @@ def run_case(case: PatternCase, reps: int, with_memory: bool, with_flex: bool,
             if name == "flex-forward":
                 spec["backward"] = False
             results[name]["peak_bytes"] = measure(spec)["peak_above_baseline_bytes"]
+        if "peak_bytes" in dense and ours["peak_bytes"] > 0:
+            summary["dense_peak_over_attn2d"] = dense["peak_bytes"] / ours["peak_bytes"]
     return {"case": case.name, "results": results, "summary": summary}
 
 
@@ -342,11 +346,16 @@ def _markdown(report: dict) -> str:
     lines += ["", "| case | allowed pairs | visited by attn2d (forward and backward each) "
               "| per pair / global's, after global: fwd / bwd | steady: fwd / bwd "
               "| page faults a pattern step, after global: fwd / bwd (steady) "
-              "| Flex fwd time / attn2d's |",
-              "|---|---|---|---|---|---|---|"]
+              "| Flex fwd time / attn2d's | dense-masked time / attn2d's: fwd / bwd (peak) |",
+              "|---|---|---|---|---|---|---|---|"]
     for c in report["cases"]:
         s = c["summary"]
         flex = f"{s['flex_over_attn2d_fwd']:.2f}" if "flex_over_attn2d_fwd" in s else "-"
+        dense = "-"
+        if "dense_over_attn2d_fwd" in s:
+            dense = f"{s['dense_over_attn2d_fwd']:.1f} / {s['dense_over_attn2d_bwd']:.1f}"
+            if "dense_peak_over_attn2d" in s:
+                dense += f" ({s['dense_peak_over_attn2d']:.1f})"
         bwd_ratio = f"{s['per_pair_ratio_bwd']:.2f}" if "per_pair_ratio_bwd" in s else "-"
         steady = "-"
         if "per_pair_ratio_fwd_steady" in s:
@@ -358,7 +367,7 @@ def _markdown(report: dict) -> str:
         lines.append(f"| {c['case']} | {s['allowed_pairs']:,} | "
                      f"{s['visited_pairs'] / s['allowed_pairs']:.2f}x | "
                      f"{s['per_pair_ratio_fwd']:.2f} / {bwd_ratio} | {steady} | {faults} | "
-                     f"{flex} |")
+                     f"{flex} | {dense} |")
     return "\n".join(lines) + "\n"
 
 

@@ -28,9 +28,12 @@ def _forced(backend):
     return run
 
 
-# The name of the dense-masked peer of a local pattern (bench --patterns and the probe): it needs
-# the pattern's mask as well as q, k, v, so it is not in PEERS.
+# The probe's names of a local pattern's peers (bench --patterns, attn2d._probe): SDPA's math
+# path under the pattern's dense mask, and FlexAttention's compiled forward under its block mask
+# (bench_patterns.flex_forward). They need the pattern as well as q, k, v, so they are not in
+# PEERS.
 DENSE_MASKED = "sdpa-math-masked"
+FLEX_MASKED = "flex-masked"
 
 
 def dense_masked_math(q, k, v, mask, scale=None):

@@ -240,6 +240,7 @@ def test_pattern_bench_side_by_side(tmp_path):
     assert s["per_pair_ratio_fwd"] > 0 and s["per_pair_ratio_bwd"] > 0
     assert s["per_pair_ratio_fwd_steady"] > 0 and s["per_pair_ratio_bwd_steady"] > 0
     assert s["flex_over_attn2d_fwd"] > 0
+    assert s["dense_over_attn2d_fwd"] > 0 and s["dense_over_attn2d_bwd"] > 0
     for name in ("attn2d-pattern", "attn2d-pattern-steady"):
         assert c["results"][name]["forward_faults"] >= 0
         assert c["results"][name]["backward_faults"] >= 0
@@ -376,6 +377,7 @@ def test_pattern_bench_measures_the_dense_peers_memory(monkeypatch, tmp_path):
     assert [r[k]["peak_bytes"] for k in ("attn2d-pattern", "attn2d-global",
                                          "dense-masked-math", "flex-forward")] == [
         1001, 1002, 1003, 1004]
+    assert out["summary"]["dense_peak_over_attn2d"] == pytest.approx(1003 / 1001)
     # Too little memory for the dense peer: skipped with its reason, and not probed.
     specs.clear()
     monkeypatch.setattr(bp, "available_memory_bytes", lambda: 1)
