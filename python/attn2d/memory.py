@@ -1,7 +1,9 @@
 """Measured and modelled memory of attention.
 
 measure() runs a case in a subprocess (attn2d._probe) so that its peak resident memory is its
-own; unfused_attention_bytes() is the lower bound an unfused implementation cannot go under.
+own; unfused_attention_bytes() is the lower bound an unfused implementation cannot go under;
+available_memory_bytes() is what the system can still hand out (bench --patterns runs the
+dense-masked peer only where it fits).
 """
 
 from __future__ import annotations

@@ -350,9 +350,9 @@ def test_available_memory_is_what_the_system_reports():
     assert abs(available_memory_bytes() - reported) <= 0.1 * reported
 
 
-def test_pattern_bench_measures_the_dense_peers_memory(monkeypatch, tmp_path):
-    """With memory on, each peer that ran gets its peak from a probe of its own: the dense
-    peer's spec names the masked math path and the pattern; skipped peers get none."""
+def test_pattern_bench_measures_each_peers_memory(monkeypatch):
+    """With memory on, each implementation that ran gets its peak from a probe of its own: the
+    dense and Flex peers' specs name their probe paths and the pattern; skipped peers get none."""
     from attn2d import bench_patterns as bp
     from attn2d.patterns import Window
 
