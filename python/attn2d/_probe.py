@@ -81,30 +81,27 @@ def _attention_case(case):
     v = torch.randn(B, H, Lk, Ev, generator=gen, dtype=dtype).requires_grad_(backward)
     grad = torch.randn(B, H, Lq, Ev, generator=gen, dtype=dtype)
     impl = case["impl"]
-    if impl == DENSE_MASKED:
-        # The pattern as a dense (H, Lq, Lk) bool mask on SDPA's math path. The mask is an input
-        # built before the baseline, as attn2d's cached layout is below.
-        from attn2d.patterns import from_spec
-
-        mask = from_spec(case["pattern"]).dense_mask(tuple(case["q_hw"]), tuple(case["kv_hw"]), H)
-        return (lambda: dense_masked_math(q, k, v, mask, scale)), grad, [q, k, v]
-    if impl == FLEX_MASKED:
-        # FlexAttention's compiled forward under the pattern's block mask (no CPU backward:
-        # run with "backward": false); the block mask is an input, compiled in the warm-up.
-        from attn2d.bench_patterns import PatternCase, flex_forward
-        from attn2d.patterns import from_spec
-
-        pc = PatternCase("probe", H, tuple(case["q_hw"]), tuple(case["kv_hw"]), E, Ev,
-                         from_spec(case["pattern"]))
-        run = flex_forward(pc, q.detach(), k.detach(), v.detach())
-        if run is None:
-            raise SystemExit("FlexAttention or this pattern's mask_mod is unavailable")
-        return run, grad, [q, k, v]
-    if "q_hw" in case:  # a pixel grid, optionally with a pattern: attention2d
+    if "q_hw" in case:  # a pixel grid, optionally with a pattern
         from attn2d.patterns import from_spec
 
         q_hw, kv_hw = tuple(case["q_hw"]), tuple(case["kv_hw"])
         pattern = from_spec(case["pattern"]) if "pattern" in case else None
+        if impl == DENSE_MASKED:
+            # SDPA's math path under the pattern's dense (H, Lq, Lk) bool mask: an input built
+            # before the baseline, as attn2d's cached layout is below.
+            mask = pattern.dense_mask(q_hw, kv_hw, H)
+            return (lambda: dense_masked_math(q, k, v, mask, scale)), grad, [q, k, v]
+        if impl == FLEX_MASKED:
+            # FlexAttention's compiled forward under the pattern's block mask (no CPU backward:
+            # run with "backward": false); the block mask is an input, compiled in the warm-up.
+            from attn2d.bench_patterns import PatternCase, flex_forward
+
+            run = flex_forward(PatternCase("probe", H, q_hw, kv_hw, E, Ev, pattern),
+                               q.detach(), k.detach(), v.detach())
+            if run is None:
+                raise SystemExit("FlexAttention or this pattern's mask_mod is unavailable")
+            return run, grad, [q, k, v]
+        # attn2d.attention2d
         q5, k5, v5 = (t.detach().unflatten(2, hw).requires_grad_(backward)
                       for t, hw in ((q, q_hw), (k, kv_hw), (v, kv_hw)))
         if pattern is not None:  # the cached layout is part of the set-up, not the run

@@ -21,9 +21,9 @@ def sdpa(q, k, v, scale):
 
 
 def _forced(backend):
-    def run(q, k, v, scale):
+    def run(q, k, v, scale, attn_mask=None):
         with sdpa_kernel(backend):
-            return F.scaled_dot_product_attention(q, k, v, scale=scale)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale)
 
     return run
 
@@ -39,13 +39,15 @@ FLEX_MASKED = "flex-masked"
 def dense_masked_math(q, k, v, mask, scale=None):
     """SDPA's math path under a dense bool mask (True: the key is allowed): the unfused
     reference for a local pattern, with its (B, H, Lq, Lk) score matrices."""
-    with sdpa_kernel(SDPBackend.MATH):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    return _math(q, k, v, scale, attn_mask=mask)
+
+
+_math = _forced(SDPBackend.MATH)
 
 
 PEERS = {
     "unfused": unfused,
     "sdpa": sdpa,
-    "sdpa-math": _forced(SDPBackend.MATH),
+    "sdpa-math": _math,
     "sdpa-flash": _forced(SDPBackend.FLASH_ATTENTION),
 }
