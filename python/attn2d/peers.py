@@ -28,6 +28,9 @@ def _forced(backend):
     return run
 
 
+_math = _forced(SDPBackend.MATH)
+
+
 # The probe's names of a local pattern's peers (bench --patterns, attn2d._probe): SDPA's math
 # path under the pattern's dense mask, and FlexAttention's compiled forward under its block mask
 # (bench_patterns.flex_forward). They need the pattern as well as q, k, v, so they are not in
@@ -40,9 +43,6 @@ def dense_masked_math(q, k, v, mask, scale=None):
     """SDPA's math path under a dense bool mask (True: the key is allowed): the unfused
     reference for a local pattern, with its (B, H, Lq, Lk) score matrices."""
     return _math(q, k, v, scale, attn_mask=mask)
-
-
-_math = _forced(SDPBackend.MATH)
 
 
 PEERS = {

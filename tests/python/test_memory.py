@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from attn2d.memory import measure, unfused_attention_bytes
 
 GiB = 1 << 30
@@ -85,8 +87,6 @@ def test_the_probe_runs_a_pattern_under_its_dense_mask():
 def test_the_probe_runs_flex_forward_under_the_patterns_block_mask():
     """The Flex peer's forward (compiled in the probe's warm-up) computes the same attention as
     attn2d's kernel: a 7x7 Manhattan window over a 12x12 map, 2 heads."""
-    import pytest
-
     pytest.importorskip("torch.nn.attention.flex_attention")
     from attn2d.patterns import Window
 
