@@ -347,7 +347,10 @@ def test_available_memory_is_what_the_system_reports():
         fields = dict(line.split(":", 1) for line in f)
     reported = int(fields["MemAvailable"].split()[0]) * 1024
     # MemAvailable moves as other processes run: within 10% of a second reading.
-    assert abs(available_memory_bytes() - reported) <= 0.1 * reported
+    got = available_memory_bytes()
+    assert abs(got - reported) <= 0.1 * reported
+    # In bytes, not kiB or pages: more than a 64 MiB floor and at most the machine's total.
+    assert 64 << 20 < got <= int(fields["MemTotal"].split()[0]) * 1024
 
 
 def test_pattern_bench_measures_each_peers_memory(monkeypatch):
