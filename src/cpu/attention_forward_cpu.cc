@@ -392,8 +392,8 @@ HWY_INLINE void PrefetchQueryTile(const AttentionParams& p, const ForwardPlan<T>
   }
   // Its first key tile's rows too, where this thread's cache does not hold that tile packed
   // (`held`: the slots of this task's head, a guess only where the next task starts another
-  // head): a YLG floor head packs a gathered tile every 4 tasks. 8 ltr-floor heads as above: 4.08 ->
-  // 3.96, 4.61 -> 4.54, 4.01 -> 3.93 ms.
+  // head): a YLG floor head packs a gathered tile every 4 tasks. 8 ltr-floor heads as above:
+  // 4.08 -> 3.96, 4.61 -> 4.54, 4.01 -> 3.93 ms.
   const SparseLayout& lay = *p.layout;
   const std::int64_t first_visit = lay.fwd_begin[g];
   if (held != nullptr && first_visit < lay.fwd_begin[g + 1]) {

@@ -338,12 +338,12 @@ struct Rows {
 // smaller stride: an NCHW conv output viewed as (L, d) has stride 1 along L and H*W along d, so
 // walking d first would touch one cache line (and at 256x256 one page) per element.
 
-// Where a request puts its lines: kToL1 for rows read right away; kToL2 for rows a later task or
-// a later block reads. Requests a task ahead into L1 evicted the task's own arrays: a sparse
+// Where a request puts its lines: kL1 for rows read right away; kL2 for rows a later task or a
+// later block reads. Requests a task ahead into L1 evicted the task's own arrays: a sparse
 // forward task's scores, packed tiles and accumulators take ~41 KiB, over a 32 KiB L1, and on a
-// Zen 4 core (2 threads, 8 YLG heads at 128x128 over 64x64, E = Ev = 16, builds alternated call
-// by call) its next tile's rows requested into L2 made the forward 9-14% faster, its floor heads
-// 10-14%.
+// Zen 4 core (2 threads, 8 YLG heads at 128x128 over 64x64, E = Ev = 16, the two requests
+// alternated call by call) its next tile's rows requested into L2 made the forward 9-14% faster,
+// its floor heads 10-14% (attention_forward_cpu.cc, PrefetchQueryTile).
 enum class PrefetchTo : int { kL2 = 2, kL1 = 3 };
 
 // Requests the cache lines of rows `rows` of a (positions, width) tensor view (base at the head's
