@@ -78,15 +78,16 @@ struct ForwardPlan {
     }
     return slots;
   }
+  // Whether the slots `slots` (null: the cache is off) hold key tile `tile` packed.
+  bool holds(const std::int32_t* slots, std::int64_t tile) const {
+    return slots != nullptr && slots[tile % cached_kv_tiles] == tile;
+  }
   // Where key tile `tile` (local to the head) goes: its cache slot and whether it must be packed
   // there first (the slot then holds it); slot 0, always packed, when the cache is off.
   size_t slot_of(std::int32_t* slots, std::int64_t tile, bool* pack) const {
-    if (slots == nullptr) {
-      *pack = true;
-      return 0;
-    }
+    *pack = !holds(slots, tile);
+    if (slots == nullptr) return 0;
     const size_t slot = static_cast<size_t>(tile % cached_kv_tiles);
-    *pack = slots[slot] != tile;
     slots[slot] = static_cast<std::int32_t>(tile);
     return slot;
   }
@@ -382,7 +383,8 @@ void ForwardTask(void* ctx, std::int64_t task, int thread) {
 // 4.62 -> 3.96 ms; 8 ltr-repetitive heads 5.90 -> 5.50 and 5.84 -> 5.66 ms.
 template <typename T, typename IO>
 HWY_INLINE void PrefetchQueryTile(const AttentionParams& p, const ForwardPlan<T>& plan,
-                                  std::int64_t task, const std::int32_t* held) {
+                                  std::int64_t task, const std::int32_t* held,
+                                  std::int64_t held_slice) {
   std::int64_t b, h, g;
   Rows rows;
   if (task >= p.batch * p.heads * plan.q_tiles ||
@@ -390,15 +392,15 @@ HWY_INLINE void PrefetchQueryTile(const AttentionParams& p, const ForwardPlan<T>
                       &rows)) {
     return;
   }
-  // Its first key tile's rows too, where this thread's cache does not hold that tile packed
-  // (`held`: the slots of this task's head, a guess only where the next task starts another
-  // head): a YLG floor head packs a gathered tile every 4 tasks. 8 ltr-floor heads as above:
-  // 4.08 -> 3.96, 4.61 -> 4.54, 4.01 -> 3.93 ms.
+  // Its first key tile's rows too, unless this thread's cache holds that tile packed (`held`:
+  // the slots of slice `held_slice`; a task of another slice finds them emptied): a YLG floor
+  // head packs a gathered tile every 4 tasks. 8 ltr-floor heads as above: 4.08 -> 3.96,
+  // 4.61 -> 4.54, 4.01 -> 3.93 ms.
   const SparseLayout& lay = *p.layout;
   const std::int64_t first_visit = lay.fwd_begin[g];
-  if (held != nullptr && first_visit < lay.fwd_begin[g + 1]) {
+  if (first_visit < lay.fwd_begin[g + 1]) {
     const std::int64_t tile = lay.fwd_k_tile[first_visit] - lay.k_tile_begin[lay.head_layout[h]];
-    if (held[tile % plan.cached_kv_tiles] != tile) {
+    if (b * p.heads + h != held_slice || !plan.holds(held, tile)) {
       const Rows keys = LayoutTileRows(lay, lay.fwd_k_tile[first_visit], /*query=*/false);
       PrefetchRows<false, PrefetchTo::kL2>(
           static_cast<const IO*>(p.k) + offset4(p.k_stride, b, h, 0, 0), keys, p.k_stride[2],
@@ -439,7 +441,7 @@ void SparseForwardTask(void* ctx, std::int64_t task, int thread) {
   const auto a = plan.thread_arrays(thread);
   StartQueryTile<T, IO>(p, plan, b, h, rows, a);
   std::int32_t* held = plan.held_tiles(thread, b * p.heads + h);
-  PrefetchQueryTile<T, IO>(p, plan, task + 1, held);
+  PrefetchQueryTile<T, IO>(p, plan, task + 1, held, b * p.heads + h);
   const std::int64_t first_tile = lay.k_tile_begin[lay.head_layout[h]];
   for (std::int64_t visit = lay.fwd_begin[g]; visit < lay.fwd_begin[g + 1]; ++visit) {
     const Rows keys = LayoutTileRows(lay, lay.fwd_k_tile[visit], /*query=*/false);
