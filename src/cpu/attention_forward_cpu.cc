@@ -23,6 +23,7 @@
 #include "cpu/attention_cpu.h"
 #include "cpu/dtype_dispatch.h"
 #include "cpu/bf16_pairs_avx512.h"
+#include "cpu/query_lanes-inl.h"
 #include "cpu/row_staging-inl.h"
 #include "cpu/scratch.h"
 #include "cpu/tile_ops-inl.h"
@@ -51,6 +52,9 @@ struct ForwardPlan {
   // arrays, which are at least as large), S = Q K^T and acc += P V run on VDPBF16PS, and P is
   // rounded to bf16 once, as naive bf16 attention rounds it.
   bool native_bf16 = false;
+  // A sparse layout over float heads of small width: its visits run with the queries along the
+  // vector lanes (cpu/query_lanes-inl.h, LaneQueryTask).
+  bool query_lanes = false;
 
   // More than one query tile a head (dense or sparse): each thread keeps packed K^T and V
   // tiles of the head it last worked on, so the next query tiles of that head (the binding's
@@ -94,6 +98,7 @@ struct ForwardPlan {
 
   struct Arrays {
     T *q, *kt, *v, *s, *acc, *m, *l;
+    T *qt, *st, *acct, *rows, *rows_t;  // the query-lanes path's (LaneArrays); null when off
     size_t elems;
   };
   size_t kt_elems() const { return static_cast<size_t>(p->dim_qk) * ld_kt; }
@@ -104,16 +109,25 @@ struct ForwardPlan {
     const size_t E = static_cast<size_t>(p->dim_qk);
     ScratchCarver<T> c(base);
     Arrays a;
-    a.q = c.take(bq * E);           // (block_q, E), pre-multiplied by scale
+    // Rows rounded up to whole vectors: the query-lanes path packs and transposes a vector of
+    // rows at a time.
+    const size_t L = VectorLanes<T>(), bq_vectors = (bq + L - 1) / L * L;
+    a.q = c.take(bq_vectors * E);   // (block_q, E), pre-multiplied by scale
     const size_t kv_tiles = static_cast<size_t>(std::max<std::int64_t>(cached_kv_tiles, 1));
     a.kt = c.take(kv_tiles * E * ld_kt);  // kv_tiles x (E, block_k): keys along the vector
     a.v = c.take(kv_tiles * bk * ld_v);   // kv_tiles x (block_k, Ev_pad)
     a.s = c.take(bq * ld_s);        // (block_q, block_k) scores, then probabilities
-    a.acc = c.take(bq * dim_v_pad); // (block_q, Ev_pad)
+    a.acc = c.take(bq_vectors * dim_v_pad); // (block_q, Ev_pad)
     // m and l padded to whole vectors: FinishQueryTile loads them a vector at a time.
-    const size_t L = VectorLanes<T>(), bq_vectors = (bq + L - 1) / L * L;
     a.m = c.take(bq_vectors);
     a.l = c.take(bq_vectors);
+    const size_t lanes_on = query_lanes ? 1 : 0;
+    a.qt = c.take(lanes_on * E * L);                                  // (E, L)
+    a.st = c.take(lanes_on * bk * L);                                 // (block_k, L)
+    a.acct = c.take(lanes_on * static_cast<size_t>(p->dim_v) * L);  // (Ev, L)
+    const size_t width = static_cast<size_t>(std::max(p->dim_qk, p->dim_v));
+    a.rows = c.take(lanes_on * L * width);    // (L, max(E, Ev))
+    a.rows_t = c.take(lanes_on * width * L);  // (max(E, Ev), L)
     a.elems = c.used();
     return a;
   }
@@ -384,7 +398,7 @@ void ForwardTask(void* ctx, std::int64_t task, int thread) {
 template <typename T, typename IO>
 HWY_INLINE void PrefetchQueryTile(const AttentionParams& p, const ForwardPlan<T>& plan,
                                   std::int64_t task, const std::int32_t* held,
-                                  std::int64_t held_slice) {
+                                  std::int64_t held_slice, std::int64_t current_tile) {
   std::int64_t b, h, g;
   Rows rows;
   if (task >= p.batch * p.heads * plan.q_tiles ||
@@ -393,14 +407,22 @@ HWY_INLINE void PrefetchQueryTile(const AttentionParams& p, const ForwardPlan<T>
     return;
   }
   // Its first key tile's rows too, unless this thread's cache holds that tile packed (`held`:
-  // the slots of slice `held_slice`; a task of another slice finds them emptied): a YLG floor
-  // head packs a gathered tile every 4 tasks. 8 ltr-floor heads as above: 4.08 -> 3.96,
-  // 4.61 -> 4.54, 4.01 -> 3.93 ms.
+  // the slots of slice `held_slice`, this task's; a task of another slice finds them emptied) or
+  // this task reads that tile first (`current_tile`, global; -1: none): a YLG floor head packs a
+  // gathered tile every 4 tasks. 8 ltr-floor heads as above: 4.08 -> 3.96, 4.61 -> 4.54,
+  // 4.01 -> 3.93 ms. The query-lanes path packs no tile, and its floor heads' next task reads
+  // this task's tile 3 times in 4, a repetitive head's always (its special keys): the requests
+  // of lines it had just read took 11% of 8 ltr-floor heads' samples (one thread), and skipping
+  // them (the three settings alternated call by call, medians of 40, two threads) took YLG(8)
+  // at 128x128 over 64x64 from 4.61 to 4.51 ms (5.10 with no request at all), 8 ltr-floor heads
+  // 3.26 -> 3.14 ms, 8 ltr-repetitive heads 5.70 -> 5.54 ms.
   const SparseLayout& lay = *p.layout;
   const std::int64_t first_visit = lay.fwd_begin[g];
   if (first_visit < lay.fwd_begin[g + 1]) {
     const std::int64_t tile = lay.fwd_k_tile[first_visit] - lay.k_tile_begin[lay.head_layout[h]];
-    if (b * p.heads + h != held_slice || !plan.holds(held, tile)) {
+    const bool same_slice = b * p.heads + h == held_slice;
+    if (!(same_slice && lay.fwd_k_tile[first_visit] == current_tile) &&
+        (!same_slice || !plan.holds(held, tile))) {
       const Rows keys = LayoutTileRows(lay, lay.fwd_k_tile[first_visit], /*query=*/false);
       PrefetchRows<false, PrefetchTo::kL2>(
           static_cast<const IO*>(p.k) + offset4(p.k_stride, b, h, 0, 0), keys, p.k_stride[2],
@@ -425,6 +447,29 @@ HWY_INLINE void PrefetchQueryTile(const AttentionParams& p, const ForwardPlan<T>
   }
 }
 
+// A sparse task on the query-lanes path (cpu/query_lanes-inl.h): the tile's rows packed (scaled,
+// zero up to whole vectors), then each vector of rows takes every visit and leaves its rows' m,
+// l and acc for FinishQueryTile.
+template <typename T, typename IO>
+HWY_INLINE void LaneQueryTask(const AttentionParams& p, const ForwardPlan<T>& plan,
+                              std::int64_t b, std::int64_t h, std::int64_t g, const Rows& rows,
+                              const typename ForwardPlan<T>::Arrays& a) {
+  static_assert(std::is_same<T, float>::value && std::is_same<IO, float>::value,
+                "the query-lanes path takes float heads");
+  const SparseLayout& lay = *p.layout;
+  const hn::ScalableTag<float> d;
+  const size_t L = hn::Lanes(d);
+  const size_t E = static_cast<size_t>(p.dim_qk), Evp = plan.dim_v_pad;
+  PackRows(static_cast<const IO*>(p.q) + offset4(p.q_stride, b, h, 0, 0), rows, p.q_stride[2],
+           p.q_stride[3], E, static_cast<T>(p.scale), a.q, E, (rows.count + L - 1) / L * L);
+  const auto [k, v] = slice_keys_values<IO>(p, b, h);
+  for (size_t r0 = 0; r0 < rows.count; r0 += L) {
+    LaneQueryVisits(d, p, lay, g, rows.count, k, v, r0, std::min(L, rows.count - r0),
+                    a.q + r0 * E, LaneArrays{a.qt, a.st, a.acct, a.rows, a.rows_t},
+                    LaneRowState{a.m + r0, a.l + r0, a.acc + r0 * Evp, Evp});
+  }
+}
+
 // Sparse: one (batch, head, query tile of the head's layout); walks the tile's visit list.
 template <typename T, typename IO>
 void SparseForwardTask(void* ctx, std::int64_t task, int thread) {
@@ -439,9 +484,17 @@ void SparseForwardTask(void* ctx, std::int64_t task, int thread) {
     return;
   }
   const auto a = plan.thread_arrays(thread);
-  StartQueryTile<T, IO>(p, plan, b, h, rows, a);
   std::int32_t* held = plan.held_tiles(thread, b * p.heads + h);
-  PrefetchQueryTile<T, IO>(p, plan, task + 1, held, b * p.heads + h);
+  PrefetchQueryTile<T, IO>(p, plan, task + 1, held, b * p.heads + h,
+                           lay.fwd_begin[g] < lay.fwd_begin[g + 1] ? lay.fwd_k_tile[lay.fwd_begin[g]] : -1);
+  if constexpr (std::is_same<T, float>::value && std::is_same<IO, float>::value) {
+    if (plan.query_lanes) {
+      LaneQueryTask<T, IO>(p, plan, b, h, g, rows, a);
+      FinishQueryTile<T, IO>(p, plan, b, h, rows, a);
+      return;
+    }
+  }
+  StartQueryTile<T, IO>(p, plan, b, h, rows, a);
   const std::int64_t first_tile = lay.k_tile_begin[lay.head_layout[h]];
   for (std::int64_t visit = lay.fwd_begin[g]; visit < lay.fwd_begin[g + 1]; ++visit) {
     const Rows keys = LayoutTileRows(lay, lay.fwd_k_tile[visit], /*query=*/false);
@@ -482,7 +535,18 @@ Status ForwardOn(const AttentionParams& p, const Host& host) {
   const int threads = std::max(host.num_threads, 1);
   std::vector<std::int64_t> held_slice(static_cast<size_t>(threads), -1);
   std::vector<std::int32_t> held;
-  if (plan.q_tiles > 1) {
+  // Float heads up to 32 wide take the query-lanes path. Against the tile path (the two
+  // alternated call by call in one process, two threads on a Zen 4 core, medians of 30-60):
+  // YLG(8) at 128x128 over 64x64, E = Ev = 16, 5.30 -> 4.82, 5.84 -> 5.34 and 5.04 -> 4.51 ms;
+  // its floor heads alone 4.25 -> 3.60 ms, its repetitive heads alone 1.01x before their
+  // one-key visits went to lanes (LaneSingleKeys) and 1.14x after; YLG(8) at 64x64 over 32x32,
+  // E = 8, Ev = 32, channels-first 1.63 -> 1.44 ms; a 7x7 window over 2x-pooled keys at 128x128,
+  // 4 heads, E = Ev = 16 8.92 -> 4.79 ms (E = 8, Ev = 32: 8.52 -> 4.42); a 5x5 one at 64x64,
+  // E = Ev = 32, 2.54 -> 1.25 ms; a 15x15 "shift" window at 128x128 22.1 -> 14.1 ms.
+  plan.query_lanes = std::is_same<T, float>::value && std::is_same<IO, float>::value &&
+                     p.layout != nullptr && p.dim_qk <= 32 && p.dim_v <= 32;
+  // The query-lanes path reads keys and values from their rows and packs no key tile.
+  if (plan.q_tiles > 1 && !plan.query_lanes) {
     // 4 MiB a thread: every key tile of a ViT-B head (d = 64, 148 KiB a tile of 256 keys in
     // float32) up to 6912 keys; 315 tiles of a YLG head at E = Ev = 16 (13 KiB a tile of up to
     // 64 keys), every one at 128x128 over 64x64 (at most 253 a head).
