@@ -535,16 +535,21 @@ Status ForwardOn(const AttentionParams& p, const Host& host) {
   const int threads = std::max(host.num_threads, 1);
   std::vector<std::int64_t> held_slice(static_cast<size_t>(threads), -1);
   std::vector<std::int32_t> held;
-  // Float heads up to 32 wide take the query-lanes path. Against the tile path (the two
-  // alternated call by call in one process, two threads on a Zen 4 core, medians of 30-60):
+  // Float heads up to 256 wide take the query-lanes path (wider ones were not measured). Against
+  // the tile path (the two alternated call by call in one process, two threads on a Zen 4 core,
+  // medians of 30-60):
   // YLG(8) at 128x128 over 64x64, E = Ev = 16, 5.30 -> 4.82, 5.84 -> 5.34 and 5.04 -> 4.51 ms;
   // its floor heads alone 4.25 -> 3.60 ms, its repetitive heads alone 1.01x before their
   // one-key visits went to lanes (LaneSingleKeys) and 1.14x after; YLG(8) at 64x64 over 32x32,
   // E = 8, Ev = 32, channels-first 1.63 -> 1.44 ms; a 7x7 window over 2x-pooled keys at 128x128,
   // 4 heads, E = Ev = 16 8.92 -> 4.79 ms (E = 8, Ev = 32: 8.52 -> 4.42); a 5x5 one at 64x64,
-  // E = Ev = 32, 2.54 -> 1.25 ms; a 15x15 "shift" window at 128x128 22.1 -> 14.1 ms.
+  // E = Ev = 32, 2.54 -> 1.25 ms; a 15x15 "shift" window at 128x128 22.1 -> 14.1 ms. Wider
+  // heads, a 7x7 window over 2x-pooled keys at 64x64: E = Ev = 64, 4 heads, 4.24 -> 2.35 ms;
+  // E = Ev = 128, 2 heads, 4.09 -> 2.40 ms; at 32x32, E = Ev = 256, 1.45 -> 0.90 ms; YLG(8)
+  // at 64x64 over 32x32, E = Ev = 64, 2.68 -> 2.31 ms; at 32x32 over 16x16, E = Ev = 128, 0.94
+  // -> 0.69 ms; a 7x7 "shift" window at 64x64, E = Ev = 64, 10.3 -> 4.5 ms.
   plan.query_lanes = std::is_same<T, float>::value && std::is_same<IO, float>::value &&
-                     p.layout != nullptr && p.dim_qk <= 32 && p.dim_v <= 32;
+                     p.layout != nullptr && p.dim_qk <= 256 && p.dim_v <= 256;
   // The query-lanes path reads keys and values from their rows and packs no key tile.
   if (plan.q_tiles > 1 && !plan.query_lanes) {
     // 4 MiB a thread: every key tile of a ViT-B head (d = 64, 148 KiB a tile of 256 keys in

@@ -1,5 +1,5 @@
 // The sparse forward's visits with the queries along the vector lanes ("query lanes"), for
-// float heads of small width. The tile path (attention_forward_cpu.cc, VisitKeyTile) forms a
+// float heads up to 256 wide. The tile path (attention_forward_cpu.cc, VisitKeyTile) forms a
 // block_q x block_k score tile with a GEMM, masks it and reduces each row to its maximum and sum:
 // at E = Ev = 16 and YLG's 64-key visits its rows are 4 vectors long, each row's two horizontal
 // reductions and the GEMMs' short depth cost as much as the products, and masked keys cost as

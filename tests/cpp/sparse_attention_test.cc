@@ -219,8 +219,8 @@ void expect_sparse_matches_dense(std::int64_t B, std::int64_t H, std::int64_t Lq
   }
 }
 
-// Float heads up to 32 wide take the query-lanes forward (cpu/query_lanes-inl.h): widths of 1,
-// of a 16 x 16 transpose plus a remainder (E = 20), and of 32; wider ones the tile path.
+// Float heads up to 256 wide take the query-lanes forward (cpu/query_lanes-inl.h): widths of 1,
+// of a 16 x 16 transpose plus a remainder (E = 20), 32 and 33; wider ones the tile path.
 TEST_P(SparseAttention, RandomLayoutsMatchTheDenseMaskOracle) {
   expect_sparse_matches_dense<double>(2, 3, 130, 150, 7, 5, 2, 64, 1);
   expect_sparse_matches_dense<double>(1, 2, 17, 200, 16, 8, 1, 16, 2);
@@ -228,6 +228,7 @@ TEST_P(SparseAttention, RandomLayoutsMatchTheDenseMaskOracle) {
   expect_sparse_matches_dense<float>(1, 2, 37, 70, 1, 1, 1, 12, 4);
   expect_sparse_matches_dense<float>(1, 2, 100, 90, 20, 32, 2, 64, 5, /*reach=*/true);
   expect_sparse_matches_dense<float>(1, 2, 70, 90, 33, 24, 2, 32, 7, /*reach=*/true);
+  expect_sparse_matches_dense<float>(1, 2, 40, 70, 260, 24, 1, 16, 8, /*reach=*/true);
 }
 
 // Masked visits that allow at most one key a row take the row-by-row paths, forward and in both
