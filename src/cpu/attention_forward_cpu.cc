@@ -52,7 +52,7 @@ struct ForwardPlan {
   // arrays, which are at least as large), S = Q K^T and acc += P V run on VDPBF16PS, and P is
   // rounded to bf16 once, as naive bf16 attention rounds it.
   bool native_bf16 = false;
-  // A sparse layout over float heads of small width: its visits run with the queries along the
+  // A sparse layout over float heads up to 256 wide: its visits run with the queries along the
   // vector lanes (cpu/query_lanes-inl.h, LaneQueryTask).
   bool query_lanes = false;
 
@@ -484,17 +484,20 @@ void SparseForwardTask(void* ctx, std::int64_t task, int thread) {
     return;
   }
   const auto a = plan.thread_arrays(thread);
-  std::int32_t* held = plan.held_tiles(thread, b * p.heads + h);
-  PrefetchQueryTile<T, IO>(p, plan, task + 1, held, b * p.heads + h,
-                           lay.fwd_begin[g] < lay.fwd_begin[g + 1] ? lay.fwd_k_tile[lay.fwd_begin[g]] : -1);
+  const std::int64_t slice = b * p.heads + h;
+  std::int32_t* held = plan.held_tiles(thread, slice);
+  const std::int64_t first_key_tile =
+      lay.fwd_begin[g] < lay.fwd_begin[g + 1] ? lay.fwd_k_tile[lay.fwd_begin[g]] : -1;
   if constexpr (std::is_same<T, float>::value && std::is_same<IO, float>::value) {
     if (plan.query_lanes) {
+      PrefetchQueryTile<T, IO>(p, plan, task + 1, held, slice, first_key_tile);
       LaneQueryTask<T, IO>(p, plan, b, h, g, rows, a);
       FinishQueryTile<T, IO>(p, plan, b, h, rows, a);
       return;
     }
   }
   StartQueryTile<T, IO>(p, plan, b, h, rows, a);
+  PrefetchQueryTile<T, IO>(p, plan, task + 1, held, slice, first_key_tile);
   const std::int64_t first_tile = lay.k_tile_begin[lay.head_layout[h]];
   for (std::int64_t visit = lay.fwd_begin[g]; visit < lay.fwd_begin[g + 1]; ++visit) {
     const Rows keys = LayoutTileRows(lay, lay.fwd_k_tile[visit], /*query=*/false);

@@ -1,10 +1,9 @@
 // The sparse forward's visits with the queries along the vector lanes ("query lanes"), for
 // float heads up to 256 wide. The tile path (attention_forward_cpu.cc, VisitKeyTile) forms a
 // block_q x block_k score tile with a GEMM, masks it and reduces each row to its maximum and sum:
-// at E = Ev = 16 and YLG's 64-key visits its rows are 4 vectors long, each row's two horizontal
-// reductions and the GEMMs' short depth cost as much as the products, and masked keys cost as
-// much as allowed ones down to a tile's 16-column granularity (YLG's floor heads compute 1.23x
-// their allowed pairs). Here one vector holds L query rows (16 floats on AVX-512) and a key is a
+// at E = Ev = 16 and YLG's 64-key visits its rows are 4 vectors long, each with two horizontal
+// reductions, and masked keys cost as much as allowed ones down to a tile's 16-column granularity
+// (YLG's floor heads compute 1.23x their allowed pairs). Here one vector holds L query rows (16 floats on AVX-512) and a key is a
 // scalar broadcast into it: score = sum over e of q^T[e] * k[e], then exp, then acc^T[c] += p *
 // v[c]. A query row's maximum and sum are lanes of vectors (no reductions), a key outside every
 // lane's mask is skipped (floor heads: 1.05x their allowed pairs), and keys are read from the
@@ -114,7 +113,9 @@ HWY_INLINE void TransposeFloats(D d, const float* HWY_RESTRICT src, size_t ld_sr
   }
 #endif
   for (size_t r = 0; r < rows; ++r) {
-    for (size_t c = r < r_full ? c_full : 0; c < cols; ++c) dst[c * ld_dst + r] = src[r * ld_src + c];
+    for (size_t c = r < r_full ? c_full : 0; c < cols; ++c) {
+      dst[c * ld_dst + r] = src[r * ld_src + c];
+    }
   }
 }
 

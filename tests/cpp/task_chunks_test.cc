@@ -31,7 +31,8 @@ void contiguous_ranges(void* ctx, std::int64_t n_tasks, void* fn_ctx, TaskFn fn)
 struct Record {
   std::vector<std::atomic<int>> runs;
   std::vector<int> thread;  // the thread that ran each task
-  explicit Record(std::int64_t n) : runs(static_cast<size_t>(n)), thread(static_cast<size_t>(n), -1) {}
+  explicit Record(std::int64_t n)
+      : runs(static_cast<size_t>(n)), thread(static_cast<size_t>(n), -1) {}
 };
 
 void note(void* ctx, std::int64_t task, int thread) {
