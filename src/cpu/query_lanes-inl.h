@@ -168,8 +168,10 @@ HWY_INLINE void GatherLaneRows(D d, const float* src, std::int64_t rs, std::int6
 // A visit that allows at most one key a row (a repetitive YLG head's own-position keys) for the
 // rows r0 .. r0 + n - 1: each lane's key and value rows are gathered and transposed, so that a
 // lane's score is q . k over E in the GEMM's order and its value row joins acc^T as whole
-// vectors, where VisitSingleKeys took a reduction and a row update per query (10% of 8
-// repetitive heads' forward at 128x128 over 64x64, E = Ev = 16, one thread).
+// vectors, and every visit runs on the lanes' state. It costs about what VisitSingleKeys (a
+// reduction and a row update per query, on the row-major state) cost: 11% of 8 repetitive
+// heads' samples against 10-12% (128x128 over 64x64, E = Ev = 16, one thread), most of it the
+// gathered rows' loads.
 template <class D>
 HWY_INLINE void LaneSingleKeys(D d, const AttentionParams& p, const std::uint64_t* words,
                                const Rows& keys, size_t r0, size_t n, const float* k,
