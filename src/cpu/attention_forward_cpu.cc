@@ -98,7 +98,8 @@ struct ForwardPlan {
 
   struct Arrays {
     T *q, *kt, *v, *s, *acc, *m, *l;
-    T *qt, *st, *acct, *rows, *rows_t;  // the query-lanes path's (LaneArrays); null when off
+    // The query-lanes path's (LaneArrays); empty when it is off, as kt, v and s are when on.
+    T *qt, *st, *acct, *rows, *rows_t;
     size_t elems;
   };
   size_t kt_elems() const { return static_cast<size_t>(p->dim_qk) * ld_kt; }
@@ -113,10 +114,13 @@ struct ForwardPlan {
     // rows at a time.
     const size_t L = VectorLanes<T>(), bq_vectors = (bq + L - 1) / L * L;
     a.q = c.take(bq_vectors * E);   // (block_q, E), pre-multiplied by scale
-    const size_t kv_tiles = static_cast<size_t>(std::max<std::int64_t>(cached_kv_tiles, 1));
+    // The query-lanes path forms no score tile and packs no key tile: none of these.
+    const size_t tiles_on = query_lanes ? 0 : 1;
+    const size_t kv_tiles =
+        tiles_on * static_cast<size_t>(std::max<std::int64_t>(cached_kv_tiles, 1));
     a.kt = c.take(kv_tiles * E * ld_kt);  // kv_tiles x (E, block_k): keys along the vector
     a.v = c.take(kv_tiles * bk * ld_v);   // kv_tiles x (block_k, Ev_pad)
-    a.s = c.take(bq * ld_s);        // (block_q, block_k) scores, then probabilities
+    a.s = c.take(tiles_on * bq * ld_s);   // (block_q, block_k) scores, then probabilities
     a.acc = c.take(bq_vectors * dim_v_pad); // (block_q, Ev_pad)
     // m and l padded to whole vectors: FinishQueryTile loads them a vector at a time.
     a.m = c.take(bq_vectors);
@@ -420,9 +424,9 @@ HWY_INLINE void PrefetchQueryTile(const AttentionParams& p, const ForwardPlan<T>
   const std::int64_t first_visit = lay.fwd_begin[g];
   if (first_visit < lay.fwd_begin[g + 1]) {
     const std::int64_t tile = lay.fwd_k_tile[first_visit] - lay.k_tile_begin[lay.head_layout[h]];
-    const bool same_slice = b * p.heads + h == held_slice;
-    if (!(same_slice && lay.fwd_k_tile[first_visit] == current_tile) &&
-        (!same_slice || !plan.holds(held, tile))) {
+    const bool in_cache = b * p.heads + h == held_slice &&
+                          (lay.fwd_k_tile[first_visit] == current_tile || plan.holds(held, tile));
+    if (!in_cache) {
       const Rows keys = LayoutTileRows(lay, lay.fwd_k_tile[first_visit], /*query=*/false);
       PrefetchRows<false, PrefetchTo::kL2>(
           static_cast<const IO*>(p.k) + offset4(p.k_stride, b, h, 0, 0), keys, p.k_stride[2],
@@ -542,8 +546,8 @@ Status ForwardOn(const AttentionParams& p, const Host& host) {
   // the tile path (the two alternated call by call in one process, two threads on a Zen 4 core,
   // medians of 30-60):
   // YLG(8) at 128x128 over 64x64, E = Ev = 16, 5.30 -> 4.82, 5.84 -> 5.34 and 5.04 -> 4.51 ms;
-  // its floor heads alone 4.25 -> 3.60 ms, its repetitive heads alone 1.01x before their
-  // one-key visits went to lanes (LaneSingleKeys) and 1.14x after; YLG(8) at 64x64 over 32x32,
+  // its floor heads alone 4.25 -> 3.60 ms, its repetitive heads alone 1.01-1.14x (two runs
+  // minutes apart, the VM drifting between them); YLG(8) at 64x64 over 32x32,
   // E = 8, Ev = 32, channels-first 1.63 -> 1.44 ms; a 7x7 window over 2x-pooled keys at 128x128,
   // 4 heads, E = Ev = 16 8.92 -> 4.79 ms (E = 8, Ev = 32: 8.52 -> 4.42); a 5x5 one at 64x64,
   // E = Ev = 32, 2.54 -> 1.25 ms; a 15x15 "shift" window at 128x128 22.1 -> 14.1 ms. Wider

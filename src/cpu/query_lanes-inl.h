@@ -95,28 +95,12 @@ HWY_INLINE void LaneAccumulate(D d, float* HWY_RESTRICT acct, size_t c0, hn::Vec
   for (size_t c = 0; c < kCols; ++c) hn::Store(acc[c], d, acct + (c0 + c) * L);
 }
 
-// dst[c * ld_dst + r] = src[r * ld_src + c] for r < rows, c < cols: 16 x 16 blocks in
-// registers on AVX-512 targets, elements otherwise.
-template <class D>
-HWY_INLINE void TransposeFloats(D d, const float* HWY_RESTRICT src, size_t ld_src, size_t rows,
+// dst[c * ld_dst + r] = src[r * ld_src + c] for r < rows, c < cols: PackTransposed over
+// consecutive rows (16 x 16 blocks in registers on AVX-512 targets, 8 x 8 on AVX2).
+HWY_INLINE void TransposeFloats(const float* HWY_RESTRICT src, size_t ld_src, size_t rows,
                                 size_t cols, float* HWY_RESTRICT dst, size_t ld_dst) {
-  (void)d;
-  size_t r_full = 0, c_full = 0;
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-  r_full = rows / 16 * 16;
-  c_full = cols / 16 * 16;
-  for (size_t r0 = 0; r0 < r_full; r0 += 16) {
-    for (size_t c0 = 0; c0 < c_full; c0 += 16) {
-      Transpose16x16(src + r0 * ld_src + c0, static_cast<std::int64_t>(ld_src),
-                     dst + c0 * ld_dst + r0, ld_dst, /*stream=*/false);
-    }
-  }
-#endif
-  for (size_t r = 0; r < rows; ++r) {
-    for (size_t c = r < r_full ? c_full : 0; c < cols; ++c) {
-      dst[c * ld_dst + r] = src[r * ld_src + c];
-    }
-  }
+  PackTransposed<float, float>(src, Rows{nullptr, 0, rows}, static_cast<std::int64_t>(ld_src), 1,
+                               cols, dst, ld_dst, rows);
 }
 
 // Scratch of one thread: q^T (E, L), the scores / probabilities p^T (block_k, L) of one visit,
@@ -162,7 +146,7 @@ HWY_INLINE void GatherLaneRows(D d, const float* src, std::int64_t rs, std::int6
     }
     for (; c < width; ++c) o[c] = row[static_cast<std::int64_t>(c) * cs];
   }
-  TransposeFloats(d, dst, width, L, width, dst_t, L);
+  TransposeFloats(dst, width, L, width, dst_t, L);
 }
 
 // A visit that allows at most one key a row (a repetitive YLG head's own-position keys) for the
@@ -225,7 +209,7 @@ HWY_INLINE void LaneQueryVisits(D d, const AttentionParams& p, const SparseLayou
   const size_t L = hn::Lanes(d);
   const size_t E = static_cast<size_t>(p.dim_qk), Ev = static_cast<size_t>(p.dim_v);
   const auto neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
-  TransposeFloats(d, q, E, L, E, a.qt, L);
+  TransposeFloats(q, E, L, E, a.qt, L);
   std::fill(a.acct, a.acct + Ev * L, 0.0f);
   auto m = neg_inf;
   auto l = hn::Zero(d);
@@ -295,7 +279,7 @@ HWY_INLINE void LaneQueryVisits(D d, const AttentionParams& p, const SparseLayou
   }
   hn::Store(m, d, state.m);
   hn::Store(l, d, state.l);
-  TransposeFloats(d, a.acct, L, Ev, L, state.acc, state.ld_acc);
+  TransposeFloats(a.acct, L, Ev, L, state.acc, state.ld_acc);
 }
 
 }  // namespace HWY_NAMESPACE
