@@ -49,6 +49,15 @@ FLEX_LIMIT = 1 << 30
 # against 9.1-9.3). The 8th step is the steady one: the 4th, used until session 19, still read
 # YLG's backward 6-8% slow.
 STEADY_STEPS = 7
+# Least time each case's interleaved rounds (the global step, then the pattern's steps) run, reps
+# going on past --reps until it has passed: the per-pair ratios are the median over reps, and
+# five reps of a 128x128 case (1.7 s a rep, the global step's) fit inside one slow phase of the
+# development VM. In one process (session 43, two threads) YLG 128x128's forward ran 4.3-4.4 ms
+# back to back, then 5.5 ms (6.6 ms on new tensors) for the ~10 s after a round of training
+# steps, then 4.3-4.5 ms again; the global step slowed less, so a phase moves the ratios.
+# 40 s gives a 128x128 case 20-45 reps (its phase a minority of them) and leaves the 256x256
+# cases, 25 s a rep, at --reps.
+PAIRED_SECONDS = 40.0
 
 
 @dataclass(frozen=True)
@@ -173,7 +182,7 @@ def flex_forward(case: PatternCase, q, k, v) -> Optional[Callable]:
 
 
 def run_case(case: PatternCase, reps: int, with_memory: bool, with_flex: bool,
-             log: Callable[[str], None]) -> dict:
+             log: Callable[[str], None], paired_seconds: float = PAIRED_SECONDS) -> dict:
     import attn2d
 
     gen = torch.Generator().manual_seed(0)
@@ -202,7 +211,7 @@ def run_case(case: PatternCase, reps: int, with_memory: bool, with_flex: bool,
     pattern_fn = lambda a, b, c: attn2d.attention2d(a, b, c, pattern=case.pattern)  # noqa: E731
     runs = time_training_steps(
         [lambda a, b, c: attn2d.attention2d(a, b, c)] + [pattern_fn] * (STEADY_STEPS + 1),
-        [q, k, v], reps)
+        [q, k, v], reps, min_seconds=paired_seconds)
     results["attn2d-pattern"], results["attn2d-global"] = runs[1], runs[0]
     results["attn2d-pattern-steady"] = runs[-1]
     q4, k4, v4 = q.flatten(2, 3), k.flatten(2, 3), v.flatten(2, 3)
@@ -310,8 +319,9 @@ def _markdown(report: dict) -> str:
         "# attn2d bench --patterns",
         "",
         f"{report['machine']}; {report['threads']} threads; medians of {report['reps']} "
-        "training steps (forward with autograd recording, backward) after a warm-up, the "
-        "pattern's and the global kernel's runs interleaved; Flex: forward only (no CPU "
+        "training steps or more (forward with autograd recording, backward) after a warm-up, "
+        "the pattern's and the global kernel's runs interleaved for at least "
+        f"{report.get('paired_seconds', 0):g} s a case; Flex: forward only (no CPU "
         "backward), compiled. Peak memory: above the inputs, each implementation in a process "
         "of its own (attn2d's layout, the dense mask and Flex's block mask are built first, "
         "as inputs).",
@@ -373,22 +383,25 @@ def _markdown(report: dict) -> str:
 
 def run(out_dir: str = "attn2d-report", *, cases: Optional[list[PatternCase]] = None,
         reps: int = 5, with_memory: bool = True, with_flex: bool = True,
-        log: Callable[[str], None] = print) -> dict:
+        paired_seconds: float = PAIRED_SECONDS, log: Callable[[str], None] = print) -> dict:
     import platform
 
     import attn2d
 
     if reps < 1:
         raise ValueError(f"attn2d bench: reps must be >= 1; got {reps}")
+    if not paired_seconds >= 0:
+        raise ValueError(f"attn2d bench: paired_seconds must be >= 0; got {paired_seconds}")
     cases = default_cases() if cases is None else cases
     report = {"machine": f"{platform.machine()}, attn2d on {attn2d.cpu_simd_target()}, "
                          f"torch {torch.__version__}",
-              "threads": torch.get_num_threads(), "reps": reps, "cases": []}
+              "threads": torch.get_num_threads(), "reps": reps,
+              "paired_seconds": paired_seconds, "cases": []}
     log("memory probe: a copy right after a busy loop ...")
     report["memory_ramp"] = memory_ramp()
     for i, case in enumerate(cases, 1):
         log(f"[{i}/{len(cases)}] {case.name}")
-        report["cases"].append(run_case(case, reps, with_memory, with_flex, log))
+        report["cases"].append(run_case(case, reps, with_memory, with_flex, log, paired_seconds))
         log("\n".join(x for x in _markdown({**report, "cases": [report["cases"][-1]]}).splitlines()
                       if x.startswith(f"| {case.name} |")))
     os.makedirs(out_dir, exist_ok=True)

@@ -26,7 +26,8 @@ def main(argv: list[str] | None = None) -> int:
                        help="also time attn2d on one thread (the threads target)")
     bench.add_argument("--paired-seconds", type=float, default=None,
                        help="least time for each of attn2d's interleaved pairs (fp32/bf16, "
-                       "1/all threads) whose ratios are targets (default 4)")
+                       "1/all threads) whose ratios are targets (default 4); with --patterns, "
+                       "for each case's global and pattern steps (default 40)")
     bench.add_argument("--cases", default=None,
                        help="comma-separated substrings: run only the cases whose names match")
     bench.add_argument("--patterns", action="store_true",
@@ -51,8 +52,6 @@ def main(argv: list[str] | None = None) -> int:
                     raise ValueError(f"--cases {args.cases!r} matches no case")
             extra = {"thread_scaling": True} if args.thread_scaling and not args.patterns else {}
             if args.paired_seconds is not None:
-                if args.patterns:
-                    raise ValueError("--paired-seconds applies to the dense bench, not --patterns")
                 extra["paired_seconds"] = args.paired_seconds
             module.run(args.out, cases=cases, reps=args.reps, with_memory=not args.no_memory,
                        log=lambda line: print(line, flush=True), **extra)

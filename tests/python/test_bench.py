@@ -60,8 +60,8 @@ def test_bad_arguments_are_clear_errors(capsys):
     assert "reps" in capsys.readouterr().err
     assert cli_main(["bench", "--paired-seconds", "-1", "--quick", "--no-memory"]) == 2
     assert "paired_seconds" in capsys.readouterr().err
-    assert cli_main(["bench", "--patterns", "--paired-seconds", "1", "--no-memory"]) == 2
-    assert "--paired-seconds" in capsys.readouterr().err
+    assert cli_main(["bench", "--patterns", "--paired-seconds", "-1", "--no-memory"]) == 2
+    assert "paired_seconds" in capsys.readouterr().err
     assert cli_main(["bench", "--cases", "no such case", "--no-memory"]) == 2
     assert "matches no case" in capsys.readouterr().err
     with pytest.raises(ValueError, match="unknown peers"):
@@ -228,7 +228,7 @@ def test_pattern_bench_side_by_side(tmp_path):
 
     case = bench_patterns.PatternCase("window 3, 12x12", 2, (12, 12), (12, 12), 8, 8, Window(3))
     report = bench_patterns.run(str(tmp_path), cases=[case], reps=1, with_memory=False,
-                                with_flex=True, log=lambda line: None)
+                                with_flex=True, paired_seconds=0.0, log=lambda line: None)
     c = report["cases"][0]
     assert set(c["results"]) == {"attn2d-pattern", "attn2d-pattern-steady", "attn2d-global",
                                  "dense-masked-math", "flex-forward"}
@@ -250,6 +250,24 @@ def test_pattern_bench_side_by_side(tmp_path):
     assert "| window 3, 12x12 | attn2d-pattern |" in text
     assert "page faults a pattern step" in text
     assert "a 32.0 MiB copy, call by call, " in text
+
+
+def test_pattern_bench_runs_reps_until_paired_seconds_pass():
+    # A case's rounds (the global step, then the pattern's) go on past --reps until they have run
+    # paired_seconds, so that a slow phase of the machine is a minority of the reps.
+    from attn2d import bench_patterns
+    from attn2d.patterns import Window
+
+    case = bench_patterns.PatternCase("w", 1, (6, 6), (6, 6), 4, 4, Window(3))
+    start = time.perf_counter()
+    out = bench_patterns.run_case(case, reps=1, with_memory=False, with_flex=False,
+                                  log=lambda line: None, paired_seconds=0.3)
+    assert time.perf_counter() - start >= 0.3
+    r = out["results"]
+    reps = len(r["attn2d-global"]["forward_runs_s"])
+    assert reps > 1
+    assert all(len(r[name]["backward_runs_s"]) == reps
+               for name in ("attn2d-pattern", "attn2d-pattern-steady"))
 
 
 def test_memory_ramp_times_each_call_after_the_busy_loop(monkeypatch):
@@ -299,7 +317,7 @@ def test_pattern_bench_times_first_and_steady_steps_after_global(monkeypatch):
     monkeypatch.setattr(attn2d, "attention2d", recording)
     case = bench_patterns.PatternCase("w", 1, (6, 6), (6, 6), 4, 4, Window(3))
     out = bench_patterns.run_case(case, reps=2, with_memory=False, with_flex=False,
-                                  log=lambda line: None)
+                                  log=lambda line: None, paired_seconds=0.0)
     one_rep = ["G"] + ["P"] * (bench_patterns.STEADY_STEPS + 1)
     assert calls == one_rep * 3  # the warm-up round, then 2 reps
     r = out["results"]
