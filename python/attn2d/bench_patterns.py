@@ -53,10 +53,11 @@ STEADY_STEPS = 7
 # going on past --reps until it has passed: the per-pair ratios are the median over reps, and
 # five reps of a 128x128 case (1.7 s a rep, the global step's) fit inside one slow phase of the
 # development VM. In one process (session 43, two threads) YLG 128x128's forward ran 4.3-4.4 ms
-# back to back, then 5.5 ms (6.6 ms on new tensors) for the ~10 s after a round of training
-# steps, then 4.3-4.5 ms again; the global step slowed less, so a phase moves the ratios.
-# 40 s gives a 128x128 case 20-45 reps (its phase a minority of them) and leaves the 256x256
-# cases, 25 s a rep, at --reps.
+# back to back, then 5.5 ms (6.6 ms on new tensors) in one ~8 s round of training steps, then
+# 4.3-4.5 ms again; in 8 alternated rounds of this loop its steady per-pair ratio read 1.74-1.86
+# in the first minute and 2.04-2.19 in the last: the global step slows less, so a phase moves
+# the ratios. 40 s gives a 128x128 case 20-50 reps (a phase of seconds a minority of them) and
+# leaves the 256x256 cases, 25 s a rep, at --reps.
 PAIRED_SECONDS = 40.0
 
 
