@@ -391,9 +391,9 @@ void ForwardTask(void* ctx, std::int64_t task, int thread) {
 }
 
 // Requests the query rows, output rows and log-sum-exps of sparse task `task`, the next one of
-// this thread (at::parallel_for hands each thread a contiguous range of tasks), while this task
-// computes. A sparse tile's rows are scattered (a YLG tile's queries lie along Manhattan
-// anti-diagonals, one cache line each), and the copy of a tile's rows and the stores of its
+// this thread but at the end of a run (run_task_chunks hands a thread runs of consecutive
+// tasks), while this task computes. A sparse tile's rows are scattered (a YLG tile's queries
+// lie along Manhattan anti-diagonals, one cache line each), and the copy of a tile's rows and the stores of its
 // outputs waited on memory: 10% and 5% of the YLG forward at 256x256, one thread. The lines go
 // to L2, not L1, where they evicted this task's arrays (PrefetchTo): YLG(8) at 128x128 over
 // 64x64, E = Ev = 16, two threads on a Zen 4 core, the two requests alternated call by call,

@@ -29,7 +29,6 @@ HWY_BEFORE_NAMESPACE();
 namespace attn2d {
 namespace cpu {
 namespace HWY_NAMESPACE {
-namespace hn = hwy::HWY_NAMESPACE;
 
 // Which query rows a visit's mask lets see key c: bit c of each lane's mask word, the words
 // split into their low and high 32 bits (lanes past the vector's rows hold 0).
