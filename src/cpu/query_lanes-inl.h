@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "cpu/tile_ops-inl.h"
 #include "hwy/highway.h"
@@ -148,6 +149,58 @@ HWY_INLINE void GatherLaneRows(D d, const float* src, std::int64_t rs, std::int6
   TransposeFloats(dst, width, L, width, dst_t, L);
 }
 
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+// LaneSingleKeys' visit where lane i's key is row key0 + i of the slice, or none (a repetitive
+// YLG head's own keys: raster query r's is key r mod n, so a vector of raster queries has a run
+// of them, less those that are special keys): the run's key and value rows are transposed
+// straight from the tensor into registers, 16 columns at a time, where the gathered path copies
+// 16 rows of each into scratch and transposes those (with the gather's transposes, 15% of 8
+// ltr-repetitive heads' samples, 128x128 over 64x64, E = Ev = 16, one thread). The same
+// multiply-adds in the same order: the same bits. Lanes without a key take score -inf and
+// value 0, as the gathered zero rows give them. Returns false, having done nothing, where the
+// keys are no such run or the rows are not whole vectors of 16 contiguous floats.
+HWY_INLINE bool LaneRunKeys(const AttentionParams& p, const std::int64_t* key, const float* k,
+                            const float* v, const LaneArrays& a, hn::Vec512<float>* m,
+                            hn::Vec512<float>* l) {
+  const hn::Full512<float> d;
+  constexpr size_t L = 16;
+  const size_t E = static_cast<size_t>(p.dim_qk), Ev = static_cast<size_t>(p.dim_v);
+  if (E % L != 0 || Ev % L != 0 || p.k_stride[3] != 1 || p.v_stride[3] != 1) return false;
+  std::int64_t key0 = -1;
+  std::uint32_t valid = 0;
+  for (size_t i = 0; i < L; ++i) {
+    if (key[i] < 0) continue;
+    if (key0 < 0) key0 = key[i] - static_cast<std::int64_t>(i);
+    if (key[i] != key0 + static_cast<std::int64_t>(i)) return false;
+    valid |= 1u << i;
+  }
+  if (key0 < 0 || key0 + static_cast<std::int64_t>(L) > p.len_k) return false;
+  const hn::Mask512<float> has_key{static_cast<__mmask16>(valid)};
+  __m512 cols[L];
+  auto s = hn::Zero(d);
+  for (size_t c0 = 0; c0 < E; c0 += L) {
+    Transpose16x16ToRegisters(k + key0 * p.k_stride[2] + c0, p.k_stride[2], cols);
+    for (size_t e = 0; e < L; ++e) {
+      s = hn::MulAdd(hn::Load(d, a.qt + (c0 + e) * L), hn::Vec512<float>{cols[e]}, s);
+    }
+  }
+  s = hn::IfThenElse(has_key, s, hn::Set(d, -std::numeric_limits<float>::infinity()));
+  hn::Vec512<float> shift;
+  const auto alpha = LaneRescale(d, m, s, &shift);
+  const auto pr = ExpOf(d, hn::Sub(s, shift));
+  *l = hn::MulAdd(*l, alpha, pr);
+  for (size_t c0 = 0; c0 < Ev; c0 += L) {
+    Transpose16x16ToRegisters(v + key0 * p.v_stride[2] + c0, p.v_stride[2], cols);
+    for (size_t c = 0; c < L; ++c) {
+      float* acc = a.acct + (c0 + c) * L;
+      const auto value = hn::IfThenElseZero(has_key, hn::Vec512<float>{cols[c]});
+      hn::Store(hn::MulAdd(pr, value, hn::Mul(hn::Load(d, acc), alpha)), d, acc);
+    }
+  }
+  return true;
+}
+#endif
+
 // A visit that allows at most one key a row (a repetitive YLG head's own-position keys) for the
 // rows r0 .. r0 + n - 1: each lane's key and value rows are gathered and transposed, so that a
 // lane's score is q . k over E in the GEMM's order and its value row joins acc^T as whole
@@ -169,6 +222,11 @@ HWY_INLINE void LaneSingleKeys(D d, const AttentionParams& p, const std::uint64_
     key[i] = col < 0 ? -1 : keys[static_cast<size_t>(col)];
     none[i] = col < 0 ? -std::numeric_limits<float>::infinity() : 0.0f;
   }
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  if constexpr (std::is_same<hn::Vec<D>, hn::Vec512<float>>::value) {
+    if (LaneRunKeys(p, key, k, v, a, m, l)) return;
+  }
+#endif
   GatherLaneRows(d, k, p.k_stride[2], p.k_stride[3], E, key, a.rows, a.rows_t);
   auto s = hn::Zero(d);
   for (size_t e = 0; e < E; ++e) {
@@ -198,17 +256,18 @@ struct LaneRowState {
 };
 
 // Every visit of query tile `g` (global; `tile_rows` rows) for its rows r0 .. r0 + n - 1
-// (n <= L): q (their packed, scaled rows, ld E, zero past n) -> the rows' m, l and acc in
-// `state`, unnormalised, as the tile path leaves them for FinishQueryTile.
+// (n <= L), whose scaled q^T (E, L; zero past n) is in a.qt: acc^T in a.acct and the lanes'
+// running max *m and sum *l, unnormalised. Out of line: inlined into LaneDirectVisits, whose
+// 16 x 16 transposes hold 32 vectors, GCC 12 kept the score pass's key-row pointers in vector
+// registers, a move back for each multiply-add (8 ltr-floor heads 3.0 -> 3.3 ms).
 template <class D>
-HWY_INLINE void LaneQueryVisits(D d, const AttentionParams& p, const SparseLayout& lay,
-                                std::int64_t g, size_t tile_rows, const float* k, const float* v,
-                                size_t r0, size_t n, const float* q, const LaneArrays& a,
-                                const LaneRowState& state) {
+HWY_NOINLINE void LaneVisits(D d, const AttentionParams& p, const SparseLayout& lay,
+                           std::int64_t g, size_t tile_rows, const float* k, const float* v,
+                           size_t r0, size_t n, const LaneArrays& a, hn::Vec<D>* m_out,
+                           hn::Vec<D>* l_out) {
   const size_t L = hn::Lanes(d);
   const size_t E = static_cast<size_t>(p.dim_qk), Ev = static_cast<size_t>(p.dim_v);
   const auto neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
-  TransposeFloats(q, E, L, E, a.qt, L);
   std::fill(a.acct, a.acct + Ev * L, 0.0f);
   auto m = neg_inf;
   auto l = hn::Zero(d);
@@ -276,10 +335,75 @@ HWY_INLINE void LaneQueryVisits(D d, const AttentionParams& p, const SparseLayou
                         keys);
     }
   }
+  *m_out = m;
+  *l_out = l;
+}
+
+// LaneVisits for the rows r0 .. r0 + n - 1 of query tile `g` from q (their packed, scaled rows,
+// ld E, zero past n) -> the rows' m, l and acc in `state`, unnormalised, as the tile path leaves
+// them for FinishQueryTile.
+template <class D>
+HWY_INLINE void LaneQueryVisits(D d, const AttentionParams& p, const SparseLayout& lay,
+                                std::int64_t g, size_t tile_rows, const float* k, const float* v,
+                                size_t r0, size_t n, const float* q, const LaneArrays& a,
+                                const LaneRowState& state) {
+  const size_t L = hn::Lanes(d);
+  const size_t E = static_cast<size_t>(p.dim_qk), Ev = static_cast<size_t>(p.dim_v);
+  TransposeFloats(q, E, L, E, a.qt, L);
+  hn::Vec<D> m, l;
+  LaneVisits(d, p, lay, g, tile_rows, k, v, r0, n, a, &m, &l);
   hn::Store(m, d, state.m);
   hn::Store(l, d, state.l);
   TransposeFloats(a.acct, L, Ev, L, state.acc, state.ld_acc);
 }
+
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+// Whether LaneDirectVisits takes a float task: q and out rows whole vectors of 16 contiguous
+// floats.
+HWY_INLINE bool LaneDirectRows(const AttentionParams& p) {
+  return p.dim_qk % 16 == 0 && p.dim_v % 16 == 0 && p.q_stride[3] == 1 && p.out_stride[3] == 1;
+}
+
+// LaneVisits for 16 query rows (n of them; row[i] their positions in the slice) read from and
+// written to the tensors: q^T = scale * q transposed straight from the rows, and the output rows
+// (acc times 1 / l, 0 for a row that saw no key) and log-sum-exps written straight from acc^T,
+// m and l. LaneQueryVisits packs the rows (PackRows), transposes the packed copy, transposes
+// acc^T back to row-major state and FinishQueryTile then reads that: those passes were 5%
+// (PackRows) and 7% (FinishQueryTile) of 8 ltr-floor heads' samples (128x128 over 64x64,
+// E = Ev = 16, one thread; 33 keys a query), and of FinishQueryTile's the multiply and store
+// here are the only work left. The same products, the same bits.
+HWY_INLINE void LaneDirectVisits(const AttentionParams& p, const SparseLayout& lay,
+                                 std::int64_t g, size_t tile_rows, const float* q, float* out,
+                                 float* lse, const float* k, const float* v, size_t r0, size_t n,
+                                 const std::int64_t* row, const LaneArrays& a) {
+  const hn::Full512<float> d;
+  constexpr size_t L = 16;
+  const size_t E = static_cast<size_t>(p.dim_qk), Ev = static_cast<size_t>(p.dim_v);
+  __m512 r[L], t[L];
+  const __m512 scale = _mm512_set1_ps(static_cast<float>(p.scale));
+  for (size_t c0 = 0; c0 < E; c0 += L) {
+    for (size_t i = 0; i < L; ++i) {
+      r[i] = i < n ? _mm512_loadu_ps(q + row[i] * p.q_stride[2] + c0) : _mm512_setzero_ps();
+    }
+    Transpose16x16InRegisters(r, t);
+    for (size_t c = 0; c < L; ++c) _mm512_store_ps(a.qt + (c0 + c) * L, _mm512_mul_ps(t[c], scale));
+  }
+  hn::Vec512<float> m, l;
+  LaneVisits(d, p, lay, g, tile_rows, k, v, r0, n, a, &m, &l);
+  const auto empty = hn::Eq(m, hn::Set(d, -std::numeric_limits<float>::infinity()));
+  const auto inv_l = hn::IfThenZeroElse(empty, hn::Div(hn::Set(d, 1.0f), l));
+  for (size_t c0 = 0; c0 < Ev; c0 += L) {
+    for (size_t c = 0; c < L; ++c) r[c] = hn::Mul(hn::Load(d, a.acct + (c0 + c) * L), inv_l).raw;
+    Transpose16x16InRegisters(r, t);
+    for (size_t i = 0; i < n; ++i) _mm512_storeu_ps(out + row[i] * p.out_stride[2] + c0, t[i]);
+  }
+  if (lse != nullptr) {
+    HWY_ALIGN float log_sum[L];
+    hn::Store(LogSumExp(d, m, l), d, log_sum);
+    for (size_t i = 0; i < n; ++i) lse[row[i] * p.lse_stride[2]] = log_sum[i];
+  }
+}
+#endif
 
 }  // namespace HWY_NAMESPACE
 }  // namespace cpu

@@ -437,18 +437,14 @@ HWY_INLINE void Transpose8x8(const float* const* src, size_t c0, float* HWY_REST
 #endif
 
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-// dst[c * ld + r] = src[r][c0 + c] for a 16 x 16 block of floats (AVX-512 targets): 64 shuffles
-// for 256 elements against 96 for the same elements in four 8 x 8 blocks, and each store a whole
-// 64-byte row where the 8 x 8 blocks store half-rows. The window kernels transpose every
-// position of Q, K, V, dO and O into planes and dQ, dK, dV out of them: that packing was 14% of
-// a 15x15 diamond's backward at 128x128 (E = Ev = 16, one thread). The rows are src + i * rs,
-// consecutive at one stride: an array of 16 row pointers, as the 8 x 8 block takes, made GCC 12
-// spill the pointers (half the packing's samples). stream: non-temporal stores to 64-byte
-// aligned rows (cpu/result_stores.h).
-HWY_INLINE void Transpose16x16(const float* HWY_RESTRICT src, std::int64_t rs,
-                               float* HWY_RESTRICT dst, size_t ld, bool stream) {
-  __m512 r[16], t[16];
-  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * rs);
+// out[c] lane i = r[i] lane c for a 16 x 16 block of floats held in registers (AVX-512
+// targets; r is overwritten): 64 shuffles for 256 elements against 96 for the same elements
+// in four 8 x 8 blocks, and each store a whole 64-byte row where the 8 x 8 blocks store
+// half-rows. The window kernels transpose every position of Q, K, V, dO and O into planes and
+// dQ, dK, dV out of them: that packing was 14% of a 15x15 diamond's backward at 128x128
+// (E = Ev = 16, one thread).
+HWY_INLINE void Transpose16x16InRegisters(__m512 r[16], __m512 out[16]) {
+  __m512 t[16];
   // Row pairs: t[2k] = r0c0 r1c0 r0c1 r1c1 | r0c4 r1c4 r0c5 r1c5 | ... (per 128-bit lane).
   for (int i = 0; i < 16; i += 2) {
     t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
@@ -472,18 +468,36 @@ HWY_INLINE void Transpose16x16(const float* HWY_RESTRICT src, std::int64_t rs,
     t[12 + j] = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xDD);
   }
   // Column 4l + j: lane l of each quad, in quad order.
-  const auto put = [&](size_t c, __m512 row) {
+  for (int j = 0; j < 4; ++j) {
+    out[j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0x88);
+    out[8 + j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0xDD);
+    out[4 + j] = _mm512_shuffle_f32x4(t[4 + j], t[12 + j], 0x88);
+    out[12 + j] = _mm512_shuffle_f32x4(t[4 + j], t[12 + j], 0xDD);
+  }
+}
+
+// out[c] lane i = src[i * rs + c], c < 16, i < 16. The rows are consecutive at one stride: an
+// array of 16 row pointers, as the 8 x 8 block takes, made GCC 12 spill the pointers (half the
+// packing's samples).
+HWY_INLINE void Transpose16x16ToRegisters(const float* HWY_RESTRICT src, std::int64_t rs,
+                                          __m512 out[16]) {
+  __m512 r[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * rs);
+  Transpose16x16InRegisters(r, out);
+}
+
+// dst[c * ld + r] = src[r * rs + c]: Transpose16x16ToRegisters, each column stored as a row.
+// stream: non-temporal stores to 64-byte aligned rows (cpu/result_stores.h).
+HWY_INLINE void Transpose16x16(const float* HWY_RESTRICT src, std::int64_t rs,
+                               float* HWY_RESTRICT dst, size_t ld, bool stream) {
+  __m512 col[16];
+  Transpose16x16ToRegisters(src, rs, col);
+  for (size_t c = 0; c < 16; ++c) {
     if (stream) {
-      _mm512_stream_ps(dst + c * ld, row);
+      _mm512_stream_ps(dst + c * ld, col[c]);
     } else {
-      _mm512_storeu_ps(dst + c * ld, row);
+      _mm512_storeu_ps(dst + c * ld, col[c]);
     }
-  };
-  for (size_t j = 0; j < 4; ++j) {
-    put(j, _mm512_shuffle_f32x4(t[j], t[8 + j], 0x88));
-    put(8 + j, _mm512_shuffle_f32x4(t[j], t[8 + j], 0xDD));
-    put(4 + j, _mm512_shuffle_f32x4(t[4 + j], t[12 + j], 0x88));
-    put(12 + j, _mm512_shuffle_f32x4(t[4 + j], t[12 + j], 0xDD));
   }
 }
 #endif
