@@ -280,6 +280,7 @@ HWY_NOINLINE void LaneVisits(D d, const AttentionParams& p, const SparseLayout& 
     }
     size_t j_lo = 0, j_hi = keys.count - 1;
     LaneMaskWords<D> masks;
+    std::uint64_t every = ~std::uint64_t{0};
     if (words != nullptr) {
       // The keys some row of this vector may see: a floor head's vector of 4 positions sees
       // the first 4, 8, ..., 64 keys of its block.
@@ -290,6 +291,7 @@ HWY_NOINLINE void LaneVisits(D d, const AttentionParams& p, const SparseLayout& 
       for (size_t i = 0; i < L; ++i) {
         const std::uint64_t w = i < n ? words[r0 + i] & all : 0;
         any |= w;
+        if (i < n) every &= w;
         lo[i] = static_cast<std::uint32_t>(w);
         hi[i] = static_cast<std::uint32_t>(w >> 32);
       }
@@ -301,19 +303,27 @@ HWY_NOINLINE void LaneVisits(D d, const AttentionParams& p, const SparseLayout& 
       masks.hi = hn::Load(du, hi);
     }
     const LaneMaskWords<D>* lane_masks = words != nullptr ? &masks : nullptr;
+    // The masks of keys j .. j + count - 1, or none where every row of the vector sees them all:
+    // a floor head's vector of 4 positions p .. p + 3 sees keys up to p, all but its last 3
+    // (8 ltr-floor heads at 128x128 over 64x64, E = Ev = 16, one thread, alternated by process:
+    // 5.69 / 5.73 / 5.91 ms masking every key, 5.61 / 5.60 / 5.55 ms this).
+    auto masks_of = [&](size_t j, size_t count) {
+      const std::uint64_t run = ((std::uint64_t{1} << count) - 1) << j;
+      return (every & run) == run ? nullptr : lane_masks;
+    };
     auto mx = neg_inf;
     size_t j = j_lo;
     for (; j + 8 <= j_hi + 1; j += 8) {
-      mx = LaneScoreKeys<8>(d, a.qt, E, k, p.k_stride[2], p.k_stride[3], keys, j, lane_masks,
+      mx = LaneScoreKeys<8>(d, a.qt, E, k, p.k_stride[2], p.k_stride[3], keys, j, masks_of(j, 8),
                             a.st, mx);
     }
     if (j + 4 <= j_hi + 1) {
-      mx = LaneScoreKeys<4>(d, a.qt, E, k, p.k_stride[2], p.k_stride[3], keys, j, lane_masks,
+      mx = LaneScoreKeys<4>(d, a.qt, E, k, p.k_stride[2], p.k_stride[3], keys, j, masks_of(j, 4),
                             a.st, mx);
       j += 4;
     }
     for (; j <= j_hi; ++j) {
-      mx = LaneScoreKeys<1>(d, a.qt, E, k, p.k_stride[2], p.k_stride[3], keys, j, lane_masks,
+      mx = LaneScoreKeys<1>(d, a.qt, E, k, p.k_stride[2], p.k_stride[3], keys, j, masks_of(j, 1),
                             a.st, mx);
     }
     hn::Vec<D> shift;
