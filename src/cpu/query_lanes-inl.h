@@ -262,9 +262,9 @@ struct LaneRowState {
 // registers, a move back for each multiply-add (8 ltr-floor heads 3.0 -> 3.3 ms).
 template <class D>
 HWY_NOINLINE void LaneVisits(D d, const AttentionParams& p, const SparseLayout& lay,
-                           std::int64_t g, size_t tile_rows, const float* k, const float* v,
-                           size_t r0, size_t n, const LaneArrays& a, hn::Vec<D>* m_out,
-                           hn::Vec<D>* l_out) {
+                             std::int64_t g, size_t tile_rows, const float* k, const float* v,
+                             size_t r0, size_t n, const LaneArrays& a, hn::Vec<D>* m_out,
+                             hn::Vec<D>* l_out) {
   const size_t L = hn::Lanes(d);
   const size_t E = static_cast<size_t>(p.dim_qk), Ev = static_cast<size_t>(p.dim_v);
   const auto neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
@@ -380,8 +380,8 @@ HWY_INLINE bool LaneDirectRows(const AttentionParams& p) {
 // m and l. LaneQueryVisits packs the rows (PackRows), transposes the packed copy, transposes
 // acc^T back to row-major state and FinishQueryTile then reads that: those passes were 5%
 // (PackRows) and 7% (FinishQueryTile) of 8 ltr-floor heads' samples (128x128 over 64x64,
-// E = Ev = 16, one thread; 33 keys a query), and of FinishQueryTile's the multiply and store
-// here are the only work left. The same products, the same bits.
+// E = Ev = 16, one thread; 33 keys a query), of which only the multiply and the stores remain
+// here. The same products, the same bits.
 HWY_INLINE void LaneDirectVisits(const AttentionParams& p, const SparseLayout& lay,
                                  std::int64_t g, size_t tile_rows, const float* q, float* out,
                                  float* lse, const float* k, const float* v, size_t r0, size_t n,
