@@ -393,12 +393,12 @@ void ForwardTask(void* ctx, std::int64_t task, int thread) {
 // Requests the query rows, output rows and log-sum-exps of sparse task `task`, the next one of
 // this thread but at the end of a run (run_task_chunks hands a thread runs of consecutive
 // tasks), while this task computes. A sparse tile's rows are scattered (a YLG tile's queries
-// lie along Manhattan anti-diagonals, one cache line each), and the copy of a tile's rows and the stores of its
-// outputs waited on memory: 10% and 5% of the YLG forward at 256x256, one thread. The lines go
-// to L2, not L1, where they evicted this task's arrays (PrefetchTo): YLG(8) at 128x128 over
-// 64x64, E = Ev = 16, two threads on a Zen 4 core, the two requests alternated call by call,
-// medians of 50: 5.39 -> 4.89 and 5.75 -> 4.96 ms; 8 ltr-floor heads 4.52 -> 3.95 and
-// 4.62 -> 3.96 ms; 8 ltr-repetitive heads 5.90 -> 5.50 and 5.84 -> 5.66 ms.
+// lie along Manhattan anti-diagonals, one cache line each), and the copy of a tile's rows and
+// the stores of its outputs waited on memory: 10% and 5% of the YLG forward at 256x256, one
+// thread. The lines go to L2, not L1, where they evicted this task's arrays (PrefetchTo):
+// YLG(8) at 128x128 over 64x64, E = Ev = 16, two threads on a Zen 4 core, the two requests
+// alternated call by call, medians of 50: 5.39 -> 4.89 and 5.75 -> 4.96 ms; 8 ltr-floor heads
+// 4.52 -> 3.95 and 4.62 -> 3.96 ms; 8 ltr-repetitive heads 5.90 -> 5.50 and 5.84 -> 5.66 ms.
 template <typename T, typename IO>
 HWY_INLINE void PrefetchQueryTile(const AttentionParams& p, const ForwardPlan<T>& plan,
                                   std::int64_t task, const std::int32_t* held,
