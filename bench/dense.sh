@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Dense attention beside PyTorch (unfused, SDPA default/math/flash), the bf16 kernels and one
-# thread, for every case of the issue (SAGAN, seed 000 MHA, ViT-B, cross-attention); writes
+# thread, on SAGAN, ProGAN MHA, ViT-B and cross-attention shapes; writes
 # docs/bench/bench.{json,md,png}. Extra arguments go to `attn2d bench` (e.g. --cases "ViT-B").
 set -euo pipefail
 cd "$(dirname "$0")/.."

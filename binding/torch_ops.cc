@@ -9,12 +9,14 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "attn2d/attention.h"
 #include "attn2d/bf16_products.h"
 #include "attn2d/fma_peak.h"
+#include "attn2d/kernel_choice.h"
 
 namespace attn2d {
 namespace binding {
@@ -369,6 +371,62 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention2d_backward(
   return backward_with_layout(grad_out, q, k, v, out, lse, std::nullopt, false, scale, &lay, op);
 }
 
+// The kernel chooser's answer for a call's arguments, as "direction\tfield\tvalue" lines
+// (attn2d/explain.py reads them): kernel, products, schedule, reason, and a "refused" line
+// "kernel\treason" for each kernel that refused. layout empty: none; offsets absent: none.
+std::vector<std::string> explain(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 const std::optional<at::Tensor>& attn_mask, bool is_causal,
+                                 at::TensorList layout, std::int64_t block_q,
+                                 const std::optional<at::Tensor>& offsets, std::int64_t height,
+                                 std::int64_t width, double scale) {
+  const char* op = "attn2d.explain";
+  at::Tensor mask_holder;
+  AttentionParams p = make_params(q, k, v, attn_mask, is_causal, scale, op, &mask_holder);
+  SparseLayout lay;
+  if (!layout.empty()) {
+    check_layout_heads(layout, q, op);
+    lay = make_layout(layout, block_q, op);
+    p.layout = &lay;
+  }
+  WindowOffsets w;
+  if (offsets.has_value() && offsets->defined()) {
+    w = window_offsets(*offsets, height, width, op);
+    p.window = &w;
+  }
+  const Host host = torch_host();
+  std::vector<std::string> lines;
+  for (const char* direction : {"forward", "backward"}) {
+    const bool fwd = direction[0] == 'f';
+    const KernelChoice c =
+        fwd ? choose_forward(p, host, /*with_reasons=*/true) : choose_backward(p, host, true);
+    const std::string d = std::string(direction) + "\t";
+    lines.push_back(d + "kernel\t" + kernel_name(c.kernel));
+    lines.push_back(d + "products\t" + products_name(c.products));
+    lines.push_back(d + "schedule\t" + schedule_name(c.schedule));
+    lines.push_back(d + "reason\t" + c.reason);
+    for (const KernelRefusal& r : c.refused) {
+      lines.push_back(d + "refused\t" + kernel_name(r.kernel) + "\t" + r.reason);
+    }
+  }
+  return lines;
+}
+
+// Empty where the window kernels take these offsets on a height x width grid, else why not.
+std::string window_kernel_refusal(const at::Tensor& offsets, std::int64_t height,
+                                  std::int64_t width) {
+  const char* op = "attn2d.window_kernel_refusal";
+  TORCH_CHECK_VALUE(height > 0 && width > 0, op, ": height and width must be positive; got ",
+                    height, "x", width);
+  const WindowOffsets w = window_offsets(offsets, height, width, op);
+  TORCH_CHECK_VALUE(w.count > 0, op, ": offsets must hold at least one offset");
+  for (std::int64_t o = 0; o < w.count; ++o) {
+    TORCH_CHECK_VALUE(std::abs(w.dr[o]) < height && std::abs(w.dc[o]) < width, op, ": offset (",
+                      w.dr[o], ", ", w.dc[o], ") falls outside every query of the ", height, "x",
+                      width, " grid");
+  }
+  return attn2d::window_kernel_refusal(w);
+}
+
 std::string cpu_simd_target() { return attn2d::cpu_simd_target(); }
 
 void set_bf16_products(const std::string& choice) {
@@ -434,6 +492,12 @@ TORCH_LIBRARY(attn2d, m) {
       "attention2d_window_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, "
       "Tensor lse, Tensor offsets, int height, int width, float scale) -> (Tensor grad_q, "
       "Tensor grad_k, Tensor grad_v)");
+  m.def(
+      "explain(Tensor q, Tensor k, Tensor v, Tensor? attn_mask, bool is_causal, Tensor[] layout, "
+      "int block_q, Tensor? offsets, int height, int width, float scale) -> str[]",
+      &attn2d::binding::explain);
+  m.def("window_kernel_refusal(Tensor offsets, int height, int width) -> str",
+        &attn2d::binding::window_kernel_refusal);
   m.def("cpu_simd_target() -> str", &attn2d::binding::cpu_simd_target);
   m.def("set_bf16_products(str choice) -> ()", &attn2d::binding::set_bf16_products);
   m.def("bf16_products() -> str", &attn2d::binding::bf16_products);

@@ -23,5 +23,5 @@ fi
 .venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 numpy pytest matplotlib
 .venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" \
   || { echo "setup: torch 2.13.0 is not installed in .venv" >&2; exit 1; }
-.venv/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation -e .
+.venv/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation -e '.[tools,test]'
 .venv/bin/python -c "import attn2d; print('setup: attn2d', attn2d.__version__, 'on', attn2d.cpu_simd_target())"

@@ -1,6 +1,6 @@
 """Checks the planner's memory model against memory measured on a CUDA GPU.
 
-Runs seed 000's original blocks (the unfused path; attn2d has no CUDA kernels yet) forward and
+Runs the ProGAN generator's two unfused attention blocks (attn2d.unfused_blocks) forward and
 backward at several resolutions and compares torch.cuda.max_memory_allocated growth with
 attn2d.planner's prediction. Needs a CUDA build of torch and a GPU:
 
@@ -13,7 +13,7 @@ import sys
 import torch
 
 from attn2d import planner
-from attn2d.seed_blocks import make_pair
+from attn2d.unfused_blocks import make_pair
 
 
 def main() -> int:
@@ -25,7 +25,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to validate", file=sys.stderr)
         return 2
-    blocks = {b.kind: b for b in planner.seed000_blocks(args.channels)}
+    blocks = {b.kind: b for b in planner.progan_blocks(args.channels)}
     worst = 0.0
     for kind, name in (("conv", "SelfAttention2"), ("tokens", "SelfAttention")):
         for res in args.res:

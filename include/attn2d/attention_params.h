@@ -51,8 +51,9 @@ struct AttentionParams {
   // A sparse pattern over raster-ordered queries and keys (len_q, len_k = grid sizes); null:
   // dense attention. Excludes `mask` and `is_causal`.
   const SparseLayout* layout = nullptr;
-  // A window given as offsets (attn2d/window_offsets.h); null: none. Excludes `mask`,
-  // `is_causal` and `layout`.
+  // A window given as offsets (attn2d/window_offsets.h); null: none. Excludes `mask` and
+  // `is_causal`. With a `layout` of the same window beside it, the kernel chooser
+  // (attn2d/kernel_choice.h) runs the layout where the window kernels would waste more.
   const WindowOffsets* window = nullptr;
 };
 

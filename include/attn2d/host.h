@@ -22,8 +22,9 @@ struct Host {
   void* (*allocate)(void* ctx, std::size_t bytes) = nullptr;
   void (*deallocate)(void* ctx, void* ptr) = nullptr;
   // A backward whose gradients (dQ, dK and dV together) exceed this many bytes writes them with
-  // non-temporal stores (cpu/result_stores.h); -1: the L2 of num_threads cores, as the system
-  // reports it. 0 streams every aligned row, INT64_MAX none; the gradients' bits are the same.
+  // non-temporal stores (cpu/common/result_stores.h); -1: the L2 of num_threads cores, as the
+  // system reports it. 0 streams every aligned row, INT64_MAX none; the gradients' bits are the
+  // same.
   std::int64_t stream_result_bytes = -1;
 };
 

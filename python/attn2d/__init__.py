@@ -3,6 +3,7 @@
 import torch
 
 from . import nn, patterns
+from .explain import explain
 from .functional import attention, attention2d
 
 __version__ = "0.1.0"
@@ -34,5 +35,6 @@ def bf16_products() -> str:
     return torch.ops.attn2d.bf16_products()
 
 
-__all__ = ["attention", "attention2d", "bf16_products", "cpu_simd_target", "nn", "patterns",
+__all__ = ["attention", "attention2d", "bf16_products", "cpu_simd_target", "explain", "nn",
+           "patterns",
            "set_bf16_products", "__version__"]

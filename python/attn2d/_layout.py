@@ -86,9 +86,7 @@ def _ylg_plan(pattern: P.YLG, kind: str, q_hw, kv_hw):
     # the enumeration. Every query of a repetitive pattern sees the same special keys and one
     # key of its own, so any order serves, and raster order makes a tile's rows, outputs and
     # log-sum-exps contiguous where the enumeration puts them one anti-diagonal step (a line
-    # each) apart: at 128x128 over 64x64 keys, E = Ev = 16, two threads, 8 heads of one
-    # repetitive pattern ran forward and backward 5-6% faster, YLG(8) 2-4% forward and 2-6%
-    # backward (session 30's record).
+    # each) apart.
     if repetitive:
         q_order = torch.arange(query_pos.numel())
     else:
@@ -240,24 +238,34 @@ def build(pattern, q_hw: tuple[int, int], kv_hw: tuple[int, int], heads: int):
     )
 
 
-@functools.lru_cache(maxsize=32)
-def window_offsets(pattern, q_hw: tuple[int, int], kv_hw: tuple[int, int]):
-    """A (2, count) int32 tensor of the window's (row, column) offsets in key pixels, for the
-    window kernels that vectorise across queries (src/cpu/window_forward_cpu.cc and
-    window_backward_cpu.cc), or None where they do not apply: other patterns, pooled keys (a query's keys are then not
-    at a fixed raster distance), border "shift" (the window moves near the border), and windows
-    so large against the map that most offsets fall outside it (that kernel computes every
-    offset for every query: above 2x the allowed pairs, the tiles waste less)."""
+def window_offsets_on_grid(pattern, q_hw: tuple[int, int], kv_hw: tuple[int, int]):
+    """A (2, count) int32 tensor of the window's (row, column) offsets in key pixels, or None
+    where a window is not a fixed set of raster distances: other patterns, pooled keys (a
+    query's keys are then not at a fixed raster distance) and border "shift" (the window moves
+    near the border). Offsets that fall outside the map on every query are dropped."""
     if not isinstance(pattern, P.Window) or q_hw != kv_hw or pattern.border != "clip":
         return None
     h, w = kv_hw
     d = pattern.dilation
     offsets = [(di * d, dj * d) for di, dj in pattern.offsets()
                if abs(di * d) < h and abs(dj * d) < w]
-    allowed = sum((h - abs(dr)) * (w - abs(dc)) for dr, dc in offsets)
-    if len(offsets) * h * w > 2 * allowed:
-        return None
     return torch.tensor(offsets, dtype=torch.int32).t().contiguous()
+
+
+@functools.lru_cache(maxsize=32)
+def window_offsets(pattern, q_hw: tuple[int, int], kv_hw: tuple[int, int]):
+    """The window's offsets (window_offsets_on_grid) where the window kernels
+    (src/cpu/window/) serve it, else None. Whether they do is the core's kernel chooser's rule
+    (src/core/kernel_choice.cc): that kernel computes every offset for every query, so past 2x
+    the allowed pairs the block-sparse tiles waste less."""
+    offsets = window_offsets_on_grid(pattern, q_hw, kv_hw)
+    if offsets is None:
+        return None
+    from . import _ops  # noqa: F401  (loads the binding)
+
+    if torch.ops.attn2d.window_kernel_refusal(offsets, q_hw[0], q_hw[1]):
+        return None
+    return offsets
 
 
 def kernel_visited_pairs(pattern, q_hw, kv_hw, layout) -> int:

@@ -1,11 +1,12 @@
 """Runs one case in a fresh process and prints its time and peak memory as JSON.
 
-A case is either bare attention ({"impl": "attn2d" or a name in attn2d.peers.PEERS, "B", "H", "Lq", "Lk", "E",
-"Ev"}; with "q_hw", "kv_hw" and an optional "pattern" spec, attn2d.attention2d; with impl
-"sdpa-math-masked", a pattern and its grids, SDPA's math path under the pattern's dense mask;
-with impl "flex-masked" and "backward": false, FlexAttention's compiled forward under its block
-mask) or one of seed 000's blocks ({"block": "SelfAttention" | "SelfAttention2", "impl":
-"attn2d" | "original", "res", "channels", "batch"}), forward and (by default) backward.
+A case is either bare attention ({"impl": "attn2d" or a name in attn2d.peers.PEERS, "B", "H",
+"Lq", "Lk", "E", "Ev"}; with "q_hw", "kv_hw" and an optional "pattern" spec, attn2d.attention2d;
+with impl "sdpa-math-masked", a pattern and its grids, SDPA's math path under the pattern's dense
+mask; with impl "flex-masked" and "backward": false, FlexAttention's compiled forward under its
+block mask) or one of the ProGAN blocks of attn2d.unfused_blocks ({"block": "SelfAttention" |
+"SelfAttention2", "impl": "attn2d" | "original", "res", "channels", "batch"}), forward and (by
+default) backward.
 
 Peak memory is the resident set's high-water mark (VmHWM) after the inputs exist and one
 warm-up run has finished, minus the resident set at that moment: what the attention itself
@@ -40,11 +41,8 @@ def _release_free_memory() -> None:
     """Hands malloc's free memory back to the system, so that the measured run cannot reuse
     resident pages unseen. The fixed mmap threshold (attn2d.memory.measure) applies only when
     the heap has to grow: a large request that fits the heap's free memory is carved from it,
-    and the warm-up's freed output stayed resident there. The peak of a 15 Manhattan window's
-    forward at 256x256 (4 heads, E = Ev = 16) then read 0.0 MiB in 2 of 7 runs and 16.0 or
-    18.9 MiB in the others, its output alone being 16 MiB; forward and backward read 74.3 MiB
-    in 2 of 7 runs and 90.3-90.4 in the others. Handed back: 19.9-20.1 and 95.4-95.5 MiB in 7
-    runs each."""
+    and the warm-up's freed output would stay resident there, hiding the measured run's own
+    output (a 256x256 window forward's peak, its output alone 16 MiB, could read 0.0 MiB)."""
     gc.collect()
     try:
         ctypes.CDLL(None).malloc_trim(0)
@@ -119,10 +117,10 @@ def _attention_case(case):
 
 
 def _block_case(case):
-    """The function to run for one of seed 000's blocks, its output gradient and parameters."""
+    """The function to run for one of the ProGAN blocks, its output gradient and parameters."""
     import torch
 
-    from attn2d.seed_blocks import make_pair
+    from attn2d.unfused_blocks import make_pair
 
     original, ours = make_pair(case["block"], int(case["channels"]))
     module = {"original": original, "attn2d": ours}[case["impl"]]

@@ -48,7 +48,7 @@ def default_cases() -> list[Case]:
         for ev in (64, 32):
             cases.append(Case(f"SAGAN {side}x{side} E=8 Ev={ev}", 1, 1, n, n, 8, ev))
             cases.append(Case(f"SAGAN {side}x{side} E=8 Ev={ev} pooled keys", 1, 1, n, n // 4, 8, ev))
-        cases.append(Case(f"seed000 MHA {side}x{side} 4x16", 1, 4, n, n, 16, 16))
+        cases.append(Case(f"ProGAN MHA {side}x{side} 4x16", 1, 4, n, n, 16, 16))
     for n in (196, 1024, 4096):
         cases.append(Case(f"ViT-B N={n}", 1, 12, n, n, 64, 64))
     for m in (77, 1024):
@@ -70,7 +70,7 @@ def time_training_step(fn: Callable[..., torch.Tensor], inputs: list[torch.Tenso
 
 def _minor_faults() -> int:
     """Page faults the process has taken that needed no disk (every thread's): memory that
-    malloc handed back to the system and a step then touches anew (attn2d's README, Use)."""
+    malloc handed back to the system and a step then touches anew (docs/benchmarks.md)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
@@ -78,16 +78,17 @@ def time_training_steps(fns: list[Callable[..., torch.Tensor]], inputs: list[tor
                         reps: int, per_fn_inputs: Optional[list[list[torch.Tensor]]] = None,
                         min_seconds: float = 0.0) -> list[dict]:
     """time_training_step of each of fns, their runs interleaved (rep 1 of every fn, then rep 2,
-    ...): the development VM's speed drifts by up to 30% over seconds to minutes, and a ratio
-    of two implementations timed minutes apart carries that drift, where interleaved runs
-    share it. per_fn_inputs, if given, holds each fn's own inputs (e.g. fp32 and bf16 copies)
-    in place of the shared `inputs`. Reps go on past `reps` until the timed loop has run
-    `min_seconds`: a slow phase of the VM (seconds, one vCPU taken) then covers a minority of
-    the reps of a short case instead of all of them. Each result keeps its per-rep times
-    (forward_runs_s, backward_runs_s) for paired_speedup, and the medians of the page faults the
-    process took during each timed forward and backward (forward_faults, backward_faults,
-    counted outside the timed spans): glibc may give the top of its heap back after every call,
-    and then each step faults its outputs in anew, 2-3x a short step's time (the README's Use),
+    ...): a shared machine's speed drifts over seconds to minutes (by up to 30% on two AMD Zen 5
+    cores of a virtual machine), and a ratio of two implementations timed minutes apart carries
+    that drift, where interleaved runs share it. per_fn_inputs, if given, holds each fn's own
+    inputs (e.g. fp32 and bf16 copies) in place of the shared `inputs`. Reps go on past `reps`
+    until the timed loop has run `min_seconds`: a slow phase of the machine (seconds long, while
+    other work takes a core) then covers a minority of the reps of a short case instead of all
+    of them. Each result keeps its per-rep times (forward_runs_s, backward_runs_s) for
+    paired_speedup, and the medians of the page faults the process took during each timed
+    forward and backward (forward_faults, backward_faults, counted outside the timed spans):
+    glibc may give the top of its heap back after every call, and then each step faults its
+    outputs in anew, which can cost a short step more than its arithmetic (docs/benchmarks.md),
     so a run can show whether its steps paid that."""
     if per_fn_inputs is not None and len(per_fn_inputs) != len(fns):
         raise ValueError(f"time_training_steps: per_fn_inputs has {len(per_fn_inputs)} lists for "
@@ -100,21 +101,18 @@ def time_training_steps(fns: list[Callable[..., torch.Tensor]], inputs: list[tor
         grads.append(torch.randn(out.shape, dtype=out.dtype))
         out.backward(grads[-1])  # warm-up (and the refusal, if any)
     # Each backward reads its output gradient from a buffer written just before it (untimed), as
-    # a network's backward finds it, just written by the layer above. Read from where it was
-    # last written a whole interleaved round earlier, it cost the short steps: the 128x128 YLG
-    # backward (two threads, the 4th-6th pattern steps after a global one) took 9.7-10.2 ms in
-    # this loop, where a hand-written loop in the same process took 8.2-8.8 ms with one gradient
-    # read every step, 8.5-9.2 ms with a copy written just before each and 9.0-9.8 ms with a
-    # gradient per step last written a round earlier; the global step's 300 ms does not notice.
-    # Every function of the round gets the same treatment.
+    # a network's backward finds it, just written by the layer above. A gradient last written a
+    # whole interleaved round earlier has left the caches and slows the short steps (the 128x128
+    # YLG backward by ~12% on two Intel Xeon cores); every function of the round gets the same
+    # treatment.
     fresh = [torch.empty_like(g) for g in grads]
     fwd: list[list[float]] = [[] for _ in fns]
     bwd: list[list[float]] = [[] for _ in fns]
     fwd_faults: list[list[int]] = [[] for _ in fns]
     bwd_faults: list[list[int]] = [[] for _ in fns]
     # Python's cyclic collector off while timing, as timeit does: a full collection walks every
-    # object torch has loaded (166k; 112 ms, once in 100 training steps of a 27 ms window
-    # case), and lands in whichever step happens to allocate past its threshold.
+    # object torch has loaded (112 ms on an AMD Zen 5 core) and lands in whichever step happens
+    # to allocate past its threshold.
     gc.collect()
     gc_was_enabled = gc.isenabled()
     gc.disable()
@@ -126,17 +124,13 @@ def time_training_steps(fns: list[Callable[..., torch.Tensor]], inputs: list[tor
             for i, fn in enumerate(fns):
                 # Each step starts with the leaves' .grad cleared, as optimizer.zero_grad() does by
                 # default (set_to_none): the backward's gradients then become .grad as they are,
-                # where summing them into the last step's .grad cost every implementation a pass
-                # over 3 inputs' worth of memory that a network, whose q, k, v come out of earlier
-                # layers, never pays (128x128 diamond 15, 2 threads: 1.0 ms of an 11.3 ms
-                # backward; nothing measurable in a global step's 600 ms). Every function's
-                # leaves, not only this one's: a network's gradients of q, k and v live until the
-                # layer below has used them, not through the steps of other layers. Kept alive,
-                # the other functions' last gradients (8 sets of 12 MB in the 128x128 YLG bench
-                # round) put each step's new buffers in memory last touched rounds earlier:
-                # YLG's steps (two threads, 8 functions in rotation, medians of 6 rounds, 3-6
-                # runs) took 4.20-4.33 / 9.25-9.64 ms forward / backward, against 3.92-4.04 /
-                # 7.91-8.97 ms with them cleared.
+                # where summing them into the last step's .grad would cost a pass over three
+                # inputs' worth of memory that a network, whose q, k, v come out of earlier
+                # layers, never pays. Every function's leaves, not only this one's: a network's
+                # gradients of q, k and v live until the layer below has used them, not through
+                # the steps of other layers, and kept alive they would put each step's new
+                # buffers in memory last touched rounds earlier (YLG 128x128's backward ~12%
+                # slower on two Intel Xeon cores).
                 for ls in leaves:
                     for t in ls:
                         t.grad = None
@@ -168,8 +162,8 @@ def time_training_steps(fns: list[Callable[..., torch.Tensor]], inputs: list[tor
 def paired_speedup(slow: dict, fast: dict, key: str) -> float:
     """The median over reps of slow's time / fast's time in the same rep, for two results of
     one time_training_steps call (key: "forward" or "backward"). Each pair ran seconds apart at
-    most and shares the VM's speed of the moment; the ratio of the two medians mixes reps from
-    different moments."""
+    most and shares the machine's speed of the moment; the ratio of the two medians mixes reps
+    from different moments."""
     a, b = slow[f"{key}_runs_s"], fast[f"{key}_runs_s"]
     if len(a) != len(b):
         raise ValueError(f"paired_speedup: {len(a)} and {len(b)} runs are not paired")
@@ -185,7 +179,8 @@ def _add_rates(r: dict, case: Case) -> dict:
 
 
 # attn2d's interleaved pairs (fp32 / bf16, 1 / all threads) whose ratios are targets run at least
-# this long: a 64x64 SAGAN step takes 10 ms, and 7 reps of it fit inside one slow phase of the VM.
+# this long, so that a slow phase of the machine, seconds long, covers a minority of their reps
+# (a 64x64 SAGAN step takes 10 ms on two AMD Zen 5 cores).
 PAIRED_SECONDS = 4.0
 
 ACCURACY_ROWS = 256  # query rows checked against float64 (rows are independent)
@@ -221,8 +216,7 @@ def run_case(case: Case, reps: int, peers: list[str], with_memory: bool,
     impls.update({name: (PEERS[name], fp32) for name in peers})
     impls["attn2d-bf16"] = (impls["attn2d"][0], [t.bfloat16() for t in fp32])
     # attn2d on fp32 and on bf16 inputs interleaved rep by rep: their ratio is a target (1.5x),
-    # and timed apart, with the peers in between, it carried the VM's drift (1.18-1.51 over four
-    # runs of one build).
+    # and timed apart, with the peers in between, it would carry the machine's drift.
     ours_fp32, ours_bf16 = time_training_steps(
         [lambda *t, f=impls[name][0]: f(*t, scale) for name in ("attn2d", "attn2d-bf16")], [], reps,
         per_fn_inputs=[impls["attn2d"][1], impls["attn2d-bf16"][1]], min_seconds=paired_seconds)
@@ -365,18 +359,21 @@ def run(out_dir: str = "attn2d-report", *, cases: Optional[list[Case]] = None, r
 
     import attn2d
 
+    from . import _tools
+
     if reps < 1:
         raise ValueError(f"attn2d bench: reps must be >= 1; got {reps}")
     if not paired_seconds >= 0:
         raise ValueError(f"attn2d bench: paired_seconds must be >= 0; got {paired_seconds}")
+    _tools.require("attn2d bench", "matplotlib")  # for bench.png, before the cases run
     cases = default_cases() if cases is None else cases
     peers = list(PEERS) if peers is None else peers
     unknown = [p for p in peers if p not in PEERS]
     if unknown:
         raise ValueError(f"attn2d bench: unknown peers {unknown}; choose from {list(PEERS)}")
-    # The best of 5 probes before the cases and 5 after: a peak, and the VM's other vCPU is at
-    # times taken for seconds (one 0.3 s probe read 245 GFLOP/s where the machine runs 450; once
-    # all 5 probes at the start read 331).
+    # The best of 5 probes before the cases and 5 after: a peak, and on a shared machine a core
+    # is at times taken for seconds (one probe read 245 GFLOP/s where two AMD Zen 5 cores run
+    # 450).
     probes = [float(torch.ops.attn2d.fma_peak_gflops(0.2)) for _ in range(5)]
     peak = max(probes)
     report = {

@@ -30,34 +30,26 @@ from .patterns import YLG, Window
 # The dense-masked peer runs where its matrices fit: at DENSE_BYTES_PER_SCORE bytes a score
 # (heads * N * M of them) in at most DENSE_MEMORY_SHARE of the memory the system has available.
 # SDPA's math path holds the scores, the mask made additive, the probabilities kept for the
-# backward and, in the backward, their gradient and dS: YLG(8) at 128x128 over 64x64 (0.5 G
-# scores) peaked 6.5 GiB above its inputs and mask in the probe (session 38), 13.0 bytes a
-# score; 16 leave room for the process around it. On the 24 GiB development VM (~22 GiB
-# available) that runs it for YLG at 128x128 and not for the 128x128 windows (1.0 G scores).
+# backward and, in the backward, their gradient and dS: YLG(8) at 128x128 over 64x64 keys peaked
+# at 13.0 bytes a score above its inputs and mask; 16 leave room for the process around it. A
+# machine with 24 GiB then runs it for YLG at 128x128 and not for the 128x128 windows.
 DENSE_BYTES_PER_SCORE = 16
 DENSE_MEMORY_SHARE = 0.6
 # create_block_mask evaluates mask_mod over every (head, query, key) at once: 1.07 G elements
-# (128x128, 4 heads) take several GiB; 8.6 G (YLG at 256x256 over 128x128, 8 heads) got the
-# process killed for memory.
+# (128x128, 4 heads) take several GiB, and YLG at 256x256 over 128x128 keys (8.6 G) exhausts a
+# machine's memory.
 FLEX_LIMIT = 1 << 30
-# Untimed pattern steps between the one right after the global step and the steady one. On the
-# development VM a call that follows 0.5 s of other work (a global step, a matmul, a sleep) runs
-# slower, and the calls after it recover over ~100 ms of pattern steps (session 20, two
-# threads, 128x128, medians of 7, fwd / bwd ms by step after the global one): YLG over 64x64 keys
-# 5.35/10.43, 4.41/9.62, 3.96/8.60, 3.97/8.32, 3.89/8.22, 3.99/8.23, 3.82/7.95, 3.87/7.86, where
-# back-to-back steps ran 3.9/7.6-7.9; the diamond 15 recovered by its 4th step (9.23 ms bwd
-# against 9.1-9.3). The 8th step is the steady one: the 4th, used until session 19, still read
-# YLG's backward 6-8% slow.
+# Untimed pattern steps between the one right after the global step and the steady one. A call
+# that follows 0.5 s of other work (a global step, a matmul, a sleep) runs slower, and the calls
+# after it recover over ~100 ms of pattern steps: the 8th step is the steady one, where the 4th
+# still reads YLG 128x128's backward 6-8% slow (two Intel Xeon cores).
 STEADY_STEPS = 7
 # Least time each case's interleaved rounds (the global step, then the pattern's steps) run, reps
-# going on past --reps until it has passed: the per-pair ratios are the median over reps, and
-# five reps of a 128x128 case (1.7 s a rep, the global step's) fit inside one slow phase of the
-# development VM. In one process (session 43, two threads) YLG 128x128's forward ran 4.3-4.4 ms
-# back to back, then 5.5 ms (6.6 ms on new tensors) in one ~8 s round of training steps, then
-# 4.3-4.5 ms again; in 8 alternated rounds of this loop its steady per-pair ratio read 1.74-1.86
-# in the first minute and 2.04-2.19 in the last: the global step slows less, so a phase moves
-# the ratios. 40 s gives a 128x128 case 20-50 reps (a phase of seconds a minority of them) and
-# leaves the 256x256 cases, 25 s a rep, at --reps.
+# going on past --reps until it has passed: the per-pair ratios are the median over reps, and a
+# slow phase of the machine, seconds long, moves them, since the global step slows less than the
+# pattern's (YLG 128x128's steady per-pair ratio read 1.74-1.86 in one minute and 2.04-2.19 in a
+# later one on two AMD EPYC Zen 4 cores). 40 s gives a 128x128 case tens of reps, a phase a
+# minority of them, and leaves the 256x256 cases, whose reps are long, at --reps.
 PAIRED_SECONDS = 40.0
 
 
@@ -199,14 +191,13 @@ def run_case(case: PatternCase, reps: int, with_memory: bool, with_flex: bool,
     allowed = B * _layout.allowed_pairs(layout)
     results = {}
     # The pattern and the global kernel interleaved (bench.time_training_steps): the per-pair
-    # ratios are the target, and timed minutes apart they carried the VM's drift. Each rep runs
-    # the global step, then STEADY_STEPS + 1 pattern steps: the first is timed as
-    # "attn2d-pattern", the last as "attn2d-pattern-steady". On the development VM a call that
-    # follows 50 ms or more of anything else (a global step, a Python busy loop, a sleep, an FMA
-    # loop that touches no memory) runs 30-45% slower, and the next two or three calls 10-15%
-    # (128x128 diamond forward, one thread: 8.2 ms back to back, 11.1 ms after a 350 ms sleep,
-    # 9.3 ms the call after): a state of the machine that a 1 s global step amortises and a
-    # 5 ms pattern step does not: the memory system's (memory_ramp below probes it).
+    # ratios are the target, and timed minutes apart they would carry the machine's drift. Each
+    # rep runs the global step, then STEADY_STEPS + 1 pattern steps: the first is timed as
+    # "attn2d-pattern", the last as "attn2d-pattern-steady". A call that follows 50 ms or more
+    # of anything else (a global step, a Python busy loop, a sleep, an FMA loop that touches no
+    # memory) runs slower, and the next two or three calls a little slower (the 128x128
+    # diamond's forward 30-45% slower on one Intel Xeon thread): a state of the memory system
+    # that a 1 s global step amortises and a 5 ms pattern step does not (memory_ramp probes it).
     log(f"    attn2d {case.pattern!r} (layout built in {build_s:.1f} s) and attn2d global, "
         "interleaved ...")
     pattern_fn = lambda a, b, c: attn2d.attention2d(a, b, c, pattern=case.pattern)  # noqa: E731
@@ -289,11 +280,10 @@ def memory_ramp(nbytes: int = 32 << 20, idle_s: float = 0.4, calls: int = 8,
                 rounds: int = 3) -> dict:
     """Medians over `rounds` of a copy of `nbytes`, call by call, right after `idle_s` of a
     Python busy loop that touches no memory: a probe of the state the 'after global' column
-    measures in. On the development VM work that streams from memory runs up to 2.5x slower
-    after ~0.4 s without memory traffic and recovers over 10-25 ms of streaming (32 MiB, two
-    threads: 3.25, 3.04, 2.04, 1.62, 1.44, 1.28 ms, then 1.25-1.29), where a copy within the L2
-    or an FMA loop slows only its first call (session 35, docs/bench/pattern-sessions.md); the
-    global step, bound by its arithmetic, is such a phase for the pattern step after it."""
+    measures in. Work that streams from memory can run slower after a pause in memory traffic
+    and recover over some milliseconds of streaming (up to 2.5x slower after ~0.4 s on two Intel
+    Xeon cores), where a copy within the L2 or an FMA loop slows only its first call; the global
+    step, bound by its arithmetic, is such a pause for the pattern step after it."""
     if nbytes < 4 or calls < 2 or rounds < 1 or not idle_s >= 0:
         raise ValueError(f"memory_ramp: expected nbytes >= 4, calls >= 2, rounds >= 1 and "
                          f"idle_s >= 0; got {nbytes}, {calls}, {rounds}, {idle_s}")
@@ -345,7 +335,7 @@ def _markdown(report: dict) -> str:
               "'after global' times the pattern's step right after the global one; 'steady' "
               f"its {STEADY_STEPS + 1}th step in a row (attn2d-pattern-steady above). Page "
               "faults: medians a step, the process's (glibc may hand freed memory back after "
-              "each call, and the next one faults its outputs in anew: attn2d's README, Use)."]
+              "each call, and the next one faults its outputs in anew: docs/benchmarks.md)."]
     ramp = report.get("memory_ramp")
     if ramp is not None:
         lines += [

@@ -39,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "plan":
         return _plan(parser, args)
     if args.command == "bench":
+        if not args.patterns and not _tools_present("bench", "matplotlib"):
+            return 2
         from . import bench as bench_module
         from . import bench_patterns
 
@@ -60,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return 0
     if args.command == "demo":
+        if not _tools_present("demo", "matplotlib"):
+            return 2
         from . import demo as demo_module
 
         def log(line: str) -> None:
@@ -67,6 +71,19 @@ def main(argv: list[str] | None = None) -> int:
 
         demo_module.run(out_dir=args.out, log=log)
     return 0
+
+
+def _tools_present(command: str, *modules: str) -> bool:
+    """Whether the `tools` extra's `modules` are installed; if not, says so on stderr, naming
+    `pip install attn2d[tools]`, before any work starts."""
+    from . import _tools
+
+    try:
+        _tools.require(f"attn2d {command}", *modules)
+    except _tools.MissingToolError as err:
+        print(f"attn2d {command}: error: {err}", file=sys.stderr)
+        return False
+    return True
 
 
 def _add_train_gan_parser(sub) -> None:
@@ -77,8 +94,9 @@ def _add_train_gan_parser(sub) -> None:
         "train-gan",
         help="train a SAGAN-style GAN with global vs YLG (or other) attention on real images; "
         "report time, memory, SWD, FID/KID",
-        description="Seed 004's experiment on CPU. Each variant trains in its own process; "
-        "under torchrun (gloo) every rank trains with DistributedDataParallel.")
+        description="SAGAN (global attention) against YLG-SAGAN and other attention schedules, "
+        "trained on CPU. Each variant trains in its own process; under torchrun (gloo) every "
+        "rank trains with DistributedDataParallel.")
     p.add_argument("--variants", default="global,ylg",
                    help=f"comma-separated, from {', '.join(VARIANTS)} (default: global,ylg)")
     p.add_argument("--steps", type=int, default=d.steps)
@@ -91,7 +109,7 @@ def _add_train_gan_parser(sub) -> None:
     p.add_argument("--pool-kv", type=int, default=d.pool_kv, help="key/value pooling (SAGAN: 2)")
     p.add_argument("--window-sizes", default=None,
                    help="comma-separated Manhattan window sizes for window/progressive/plateau/"
-                   "mixed (default: seed 004's 8,16,24 scaled to the key grid)")
+                   "mixed (default: 8,16,24 scaled to the key grid)")
     p.add_argument("--lr-g", type=float, default=d.lr_g)
     p.add_argument("--lr-d", type=float, default=d.lr_d)
     p.add_argument("--bf16", action="store_true", help="bfloat16 autocast")
@@ -123,6 +141,8 @@ def _train_gan(parser, args) -> int:
     import dataclasses
     import os
 
+    if not _tools_present("train-gan", "PIL"):
+        return 2
     from .gan import train
 
     def fail(msg: str) -> int:
@@ -163,10 +183,9 @@ def _train_gan(parser, args) -> int:
         train.run(cfg, variants, subprocesses=not args.in_process,
                   reference=not args.no_reference)
         if distributed:
-            # Both ranks finish their collectives before either tears gloo down: without it, a
-            # rank aborted in teardown ("terminate called without an active exception",
-            # SIGABRT) in a fresh-clone CI run of the torchrun test, as test_ddp.py's workers
-            # did before they took the same barrier.
+            # Both ranks finish their collectives before either tears gloo down: otherwise a
+            # rank can abort in teardown ("terminate called without an active exception",
+            # SIGABRT).
             import torch.distributed as dist
 
             dist.barrier()
@@ -191,8 +210,9 @@ def _add_plan_parser(sub) -> None:
                    help="feature-map height (and width unless --width)")
     p.add_argument("--width", type=int, default=None, help="feature-map width (default: --res)")
     p.add_argument("--channels", type=int, default=64)
-    p.add_argument("--block", choices=("seed000", "sagan", "custom"), default="seed000",
-                   help="seed000: both of seed 000's blocks; sagan: the SAGAN/BigGAN block; "
+    p.add_argument("--block", choices=("progan", "sagan", "custom"), default="progan",
+                   help="progan: both attention blocks of the ProGAN generator (LayerNorm + "
+                   "nn.MultiheadAttention, and the conv block); sagan: the SAGAN/BigGAN block; "
                    "custom: a conv block from --heads/--qk-channels/--v-channels/--pool")
     p.add_argument("--heads", type=int, default=1)
     p.add_argument("--qk-channels", type=int, default=None, help="q/k width, all heads (C/8)")
@@ -207,8 +227,20 @@ def _add_plan_parser(sub) -> None:
     p.add_argument("--gpu", default=None, help="device preset: " + ", ".join(DEVICES))
     p.add_argument("--memory", type=float, default=None, help="device memory in GiB")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--seed004", action="store_true",
-                   help="print seed 004's memory and hardware tables, computed")
+    p.add_argument("--tables", type=_tables_arg, default=None, metavar="resolution,hardware",
+                   help="print the SAGAN block's reference tables, computed: resolution (memory "
+                   "against resolution), hardware (what each device preset trains); a comma list")
+
+
+def _tables_arg(text: str) -> tuple[str, ...]:
+    from .planner import REFERENCE_TABLES
+
+    items = tuple(t.strip() for t in text.split(","))
+    bad = [t for t in items if t not in REFERENCE_TABLES]
+    if bad or not items:
+        raise argparse.ArgumentTypeError(
+            f"expected a comma list of {', '.join(REFERENCE_TABLES)}; got {text!r}")
+    return items
 
 
 def _plan(parser, args) -> int:
@@ -217,18 +249,18 @@ def _plan(parser, args) -> int:
     from . import planner
 
     try:
-        if args.seed004:
-            print(planner.seed004_tables(args.channels))
+        if args.tables:
+            print(planner.reference_tables(args.channels, args.tables))
             return 0
         if args.res is None:
-            parser.error("plan: --res is required (or --seed004)")
+            parser.error("plan: --res is required (or --tables)")
         setting = planner.Setting(
             args.res, args.width if args.width is not None else args.res, args.batch,
             args.dtype, not args.inference, planner.Pattern.parse(args.pattern),
             args.downsample, args.checkpoint,
         )
-        if args.block == "seed000":
-            blocks = planner.seed000_blocks(args.channels)
+        if args.block == "progan":
+            blocks = planner.progan_blocks(args.channels)
         elif args.block == "sagan":
             blocks = [planner.sagan_block(args.channels)]
         else:

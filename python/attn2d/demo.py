@@ -1,6 +1,6 @@
-"""`attn2d demo`: seed 000's failing case, run. A ProGAN with a self-attention block before
-toRGB trains at 32x32 and is killed at 256x256; here both of its blocks run forward and backward
-on (1, 64, 256, 256) with attn2d, beside the originals where they fit.
+"""`attn2d demo`: a ProGAN generator with a self-attention block before toRGB trains at 32x32 and
+is killed for memory at 256x256; here both of its attention blocks (attn2d.unfused_blocks) run
+forward and backward on (1, 64, 256, 256) with attn2d, beside the originals where they fit.
 
 Every timed row runs in its own subprocess so that its peak memory is measured (resident-set
 growth over the inputs), not computed; the "unfused needs" column is the lower bound the
@@ -24,13 +24,14 @@ BLOCKS = {
     "SelfAttention2": (1, "1x1 convs: q, k at C/8 = 8, v at C = 64; unscaled; one head"),
 }
 RESOLUTIONS = (32, 64, 128, 256)
-# The originals are run only where their N x N matrices fit this 24 GiB machine comfortably.
+# The originals run only where their N x N scores and probabilities stay within 2 GiB, so that the
+# demo runs on any machine.
 ORIGINAL_RESOLUTIONS = {"SelfAttention": (32, 64), "SelfAttention2": (32, 64, 128)}
 
 
 def max_difference(block: str, res: int = 64) -> dict[str, float]:
     """Largest |original - attn2d| over the output and over every parameter gradient."""
-    from .seed_blocks import make_pair
+    from .unfused_blocks import make_pair
 
     original, ours = make_pair(block, CHANNELS)
     gen = torch.Generator().manual_seed(1)
@@ -74,7 +75,7 @@ def _plot(results: list[dict], path: str) -> None:
         ax.set_yscale("log")
         ax.set_xticks(res, [f"{r}x{r}" for r in res])
         ax.set_xlabel("feature map")
-        ax.set_title(f"seed 000 {block}, forward + backward")
+        ax.set_title(f"ProGAN {block}, forward + backward")
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_ylabel("peak memory above inputs (MiB)")
     axes[0].legend(fontsize=8, loc="upper left")
@@ -87,6 +88,9 @@ def run(out_dir: str = "attn2d-report", log: Callable[[str], None] = print) -> s
     """Runs the demo, prints its table and writes the report; returns the report's path."""
     import attn2d
 
+    from . import _tools
+
+    _tools.require("attn2d demo", "matplotlib")  # for its plot, before minutes of work
     os.makedirs(out_dir, exist_ok=True)
     started = time.perf_counter()
     log(f"attn2d {attn2d.__version__}: CPU kernels on {attn2d.cpu_simd_target()}, "
@@ -118,7 +122,7 @@ def run(out_dir: str = "attn2d-report", log: Callable[[str], None] = print) -> s
             f">= {format_bytes(need)} |"
         )
     lines = [
-        "# attn2d demo: seed 000's self-attention blocks, forward + backward",
+        "# attn2d demo: the ProGAN generator's self-attention blocks, forward + backward",
         "",
         f"CPU: {attn2d.cpu_simd_target()} kernels, {torch.get_num_threads()} threads. Input "
         f"(1, {CHANNELS}, H, W), float32.",

@@ -77,6 +77,38 @@ def _window_offsets(pattern, q_hw, kv_hw):
     return _layout.window_offsets(pattern, q_hw, kv_hw)
 
 
+def _resolve_pattern(fn, q, k, v, pattern, scale):
+    """Checks attention2d's inputs and returns q, k, v as (B, heads, N, width) views, the
+    scale, and the pattern's forms for the kernels: (layout, offsets), each None where absent.
+    Offsets are given only where the window kernels serve the pattern (the core's rule)."""
+    _check_grid_tensor(fn, "q", q, "(B, heads, Hq, Wq, E)")
+    _check_grid_tensor(fn, "k", k, "(B, heads, Hk, Wk, E)")
+    _check_grid_tensor(fn, "v", v, "(B, heads, Hk, Wk, Ev)")
+    if v.shape[2:4] != k.shape[2:4]:
+        raise ValueError(
+            f"{fn}: v's grid {tuple(v.shape[2:4])} must equal k's grid {tuple(k.shape[2:4])}"
+        )
+    H, Hq, Wq = q.shape[1], q.shape[2], q.shape[3]
+    Hk, Wk = k.shape[2], k.shape[3]
+    q4, k4, v4 = q.flatten(2, 3), k.flatten(2, 3), v.flatten(2, 3)
+    if pattern is None:
+        return q4, k4, v4, scale, None, None
+    from . import patterns as _patterns
+
+    if not isinstance(pattern, (_patterns.Window, _patterns.YLG)):
+        raise TypeError(
+            f"{fn}: pattern must be None, attn2d.patterns.Window or attn2d.patterns.YLG; "
+            f"got {type(pattern).__name__}"
+        )
+    pattern.check((Hq, Wq), (Hk, Wk), H)
+    _checks.check_attention(fn, q4, k4, v4, None)
+    scale = _checks.resolve_scale(fn, scale, q.shape[-1])
+    offsets = _window_offsets(pattern, (Hq, Wq), (Hk, Wk))
+    if offsets is not None:
+        return q4, k4, v4, scale, None, offsets
+    return q4, k4, v4, scale, _sparse_layout(pattern, (Hq, Wq), (Hk, Wk), H), None
+
+
 def attention2d(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -95,35 +127,14 @@ def attention2d(
     """
     fn = "attn2d.attention2d"
     q, k, v = _autocast_inputs(q, k, v)
-    _check_grid_tensor(fn, "q", q, "(B, heads, Hq, Wq, E)")
-    _check_grid_tensor(fn, "k", k, "(B, heads, Hk, Wk, E)")
-    _check_grid_tensor(fn, "v", v, "(B, heads, Hk, Wk, Ev)")
-    if v.shape[2:4] != k.shape[2:4]:
-        raise ValueError(
-            f"{fn}: v's grid {tuple(v.shape[2:4])} must equal k's grid {tuple(k.shape[2:4])}"
-        )
-    B, H, Hq, Wq, _ = q.shape
-    Hk, Wk = k.shape[2], k.shape[3]
-    if pattern is not None:
-        from . import patterns as _patterns
-
-        if not isinstance(pattern, (_patterns.Window, _patterns.YLG)):
-            raise TypeError(
-                f"{fn}: pattern must be None, attn2d.patterns.Window or attn2d.patterns.YLG; "
-                f"got {type(pattern).__name__}"
-            )
-        pattern.check((Hq, Wq), (Hk, Wk), H)
+    q4, k4, v4, scale, layout, offsets = _resolve_pattern(fn, q, k, v, pattern, scale)
+    Hq, Wq = q.shape[2], q.shape[3]
+    if offsets is not None:
+        out, _ = torch.ops.attn2d.attention2d_window_forward(q4, k4, v4, offsets, Hq, Wq, scale)
+    elif layout is not None:
         from . import _layout
 
-        q4, k4, v4 = q.flatten(2, 3), k.flatten(2, 3), v.flatten(2, 3)
-        _checks.check_attention(fn, q4, k4, v4, None)
-        scale = _checks.resolve_scale(fn, scale, q.shape[-1])
-        offsets = _window_offsets(pattern, (Hq, Wq), (Hk, Wk))
-        if offsets is not None:
-            out, _ = torch.ops.attn2d.attention2d_window_forward(q4, k4, v4, offsets, Hq, Wq, scale)
-        else:
-            layout = _sparse_layout(pattern, (Hq, Wq), (Hk, Wk), H)
-            out, _ = torch.ops.attn2d.attention2d_forward(q4, k4, v4, layout, _layout.BLOCK_Q, scale)
-        return out.unflatten(2, (Hq, Wq))
-    out = attention(q.flatten(2, 3), k.flatten(2, 3), v.flatten(2, 3), scale=scale)
+        out, _ = torch.ops.attn2d.attention2d_forward(q4, k4, v4, layout, _layout.BLOCK_Q, scale)
+    else:
+        out = attention(q4, k4, v4, scale=scale)
     return out.unflatten(2, (Hq, Wq))

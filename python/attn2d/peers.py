@@ -1,6 +1,6 @@
 """The PyTorch implementations attn2d is compared with, each f(q, k, v, scale) -> out.
 
-"unfused" is the matmul-softmax-matmul path of the seed code; the sdpa-* entries force one
+"unfused" is the plain matmul-softmax-matmul path; the sdpa-* entries force one
 backend of torch's scaled_dot_product_attention (and raise where that backend refuses the input,
 e.g. the CPU flash kernel when Ev != E); "sdpa" lets torch choose."""
 

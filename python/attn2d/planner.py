@@ -6,7 +6,7 @@ The model, per sample, for one forward + backward (training) of the block:
 
 - Quadratic term, implementations that materialise attention: c * heads * N * M * bytes, with
   N queries and M keys. c counts the N x M matrices alive at the peak; it was counted in the code
-  and confirmed by measurement (tests/python/test_planner.py): seed 000's conv block (bmm,
+  and confirmed by measurement (tests/python/test_planner.py): the ProGAN conv block (bmm,
   softmax, bmm) keeps energy and attention, then its backward holds attention, its gradient, the
   softmax gradient and a temporary: c = 4; nn.MultiheadAttention and SDPA's math path fuse the
   softmax backward: c = 3. Inference: scores and probabilities, c = 2. attn2d: c = 0.
@@ -43,9 +43,9 @@ IMPLEMENTATIONS = ("pytorch-unfused", "sdpa-math", "attn2d-global", "attn2d-loca
 QUADRATIC_TRAIN = {"conv": 4, "tokens": 3}  # pytorch-unfused, by block kind
 QUADRATIC_TRAIN_SDPA_MATH = 3
 QUADRATIC_INFER = 2
-# Token block 1.3: measured 13.0 and 52.4 MiB for attn2d at 64x64 and 128x128 on a warm (second)
-# step; a process's first step also maps thread stacks and allocator pools (~40 MiB on the CPU),
-# which an earlier factor of 2 had absorbed.
+# Token block 1.3: fitted to attn2d's warm (second) training step at 64x64 and 128x128 (52.4 MiB
+# at 128x128); a process's first step also maps thread stacks and allocator pools, which are not
+# activations and are left out.
 LIN_TRAIN = {"conv": 2.75, "tokens": 1.3}
 
 
@@ -59,9 +59,10 @@ def _positive(name: str, value: object) -> int:
 
 @dataclass(frozen=True)
 class Block:
-    """An attention block. kind "conv": SAGAN-style 1x1 convs (seed 000's SelfAttention2, the
-    SAGAN/BigGAN block); kind "tokens": LayerNorm + multi-head attention + feed-forward (seed
-    000's SelfAttention). qk_channels and v_channels are totals over the heads."""
+    """An attention block. kind "conv": SAGAN-style 1x1 convs (the ProGAN generator's
+    SelfAttention2, the SAGAN/BigGAN block); kind "tokens": LayerNorm + multi-head attention +
+    feed-forward (the ProGAN generator's SelfAttention). qk_channels and v_channels are totals
+    over the heads."""
 
     name: str
     kind: str
@@ -116,10 +117,12 @@ class Block:
         return 2.0 * C * (2 * dq + dv) + (2.0 * dv * C if self.out_conv else 0.0)
 
 
-def seed000_blocks(channels: int) -> list[Block]:
+def progan_blocks(channels: int) -> list[Block]:
+    """Both attention blocks of the ProGAN generator (attn2d.unfused_blocks): LayerNorm +
+    nn.MultiheadAttention, and the conv block."""
     return [
-        Block("seed 000 SelfAttention (LN + MHA 4 heads + FF)", "tokens", channels, heads=4),
-        Block("seed 000 SelfAttention2 (convs, q/k C/8, v C)", "conv", channels,
+        Block("ProGAN SelfAttention (LN + MHA 4 heads + FF)", "tokens", channels, heads=4),
+        Block("ProGAN SelfAttention2 (convs, q/k C/8, v C)", "conv", channels,
               qk_channels=channels // 8 if channels >= 8 else None, v_channels=channels),
     ]
 
@@ -234,7 +237,7 @@ def estimate(block: Block, setting: Setting, implementation: str) -> Estimate:
     m = max(h // pool, 1) * max(w // pool, 1)
     pattern = setting.pattern
     if implementation == "attn2d-local" and pattern.kind == "global":
-        pattern = Pattern("window", 16)  # seed 004's k16
+        pattern = Pattern("window", 16)  # the local row's default: a 16 x 16 window
     # Only the local row visits fewer keys; dense-masked implementations of a pattern (YLG's
     # official code) still compute all N x M scores.
     keys = pattern.keys_per_query(m, w) if implementation == "attn2d-local" else float(m)
@@ -366,12 +369,31 @@ def plan_to_dict(p: Plan) -> dict:
     }
 
 
-def seed004_tables(channels: int = 64) -> str:
-    """Seed 004's two tables, computed: SAGAN memory against resolution at its batches, and the
-    configuration each device preset should use."""
-    block = Block("SAGAN (seed 004 code)", "conv", channels, v_channels=channels)
+REFERENCE_TABLES = ("resolution", "hardware")
+
+
+def reference_tables(channels: int = 64, tables=REFERENCE_TABLES) -> str:
+    """Reference tables for the SAGAN block (q/k C/8, v C), computed from the model: "resolution",
+    its training memory against resolution at typical batches; "hardware", the largest map each
+    device preset trains at batch 8 and the configuration it should use at 256x256. `tables`
+    selects and orders them."""
+    if isinstance(tables, str):
+        tables = (tables,)
+    tables = tuple(tables)
+    unknown = [t for t in tables if t not in REFERENCE_TABLES]
+    if unknown or not tables:
+        raise ValueError(f"attn2d.planner: tables must be one or more of "
+                         f"{', '.join(REFERENCE_TABLES)}; got {', '.join(map(str, tables)) or 'none'}")
+    block = Block("SAGAN block (q/k C/8, v C)", "conv", channels, v_channels=channels)
+    parts = []
+    for table in tables:
+        parts.append(_resolution_table(block) if table == "resolution" else _hardware_table(block))
+    return "\n\n".join(parts)
+
+
+def _resolution_table(block: Block) -> str:
     lines = [
-        f"Memory of one training step of seed 004's SAGAN attention block (C={channels}, fp32):",
+        f"Memory of one training step of the SAGAN attention block (C={block.channels}, fp32):",
         "",
         "| resolution | batch | SAGAN unfused | attn2d global | attn2d YLG |",
         "|---|---|---|---|---|",
@@ -382,9 +404,13 @@ def seed004_tables(channels: int = 64) -> str:
         gl = estimate(block, st, "attn2d-global").memory_bytes
         yl = estimate(block, st, "attn2d-local").memory_bytes
         lines.append(f"| {res}x{res} | {batch} | {_gib(un)} | {_gib(gl)} | {_gib(yl)} |")
-    lines += [
-        "",
-        "Largest square map at which each device trains the block at batch 8, fp32:",
+    return "\n".join(lines)
+
+
+def _hardware_table(block: Block) -> str:
+    lines = [
+        f"Largest square map at which each device trains the SAGAN block (C={block.channels}) "
+        "at batch 8, fp32:",
         "",
         "| device | SAGAN unfused | attn2d global | recommendation at 256x256 |",
         "|---|---|---|---|",

@@ -1,5 +1,8 @@
-// Backend choice for dense attention.
+// The entry points: validate, then run the reference on request or the kernel the chooser
+// (kernel_choice.cc) picks.
 #include "attn2d/attention.h"
+
+#include "attn2d/kernel_choice.h"
 
 #include "cpu/attention_cpu.h"
 #include "reference/attention_reference.h"
@@ -34,7 +37,7 @@ Status attention_forward(const AttentionParams& params, const Host& host, Backen
     if (params.layout != nullptr || params.window != nullptr) return reference_refuses_layout();
     return reference::attention_forward(params);
   }
-  return cpu::attention_forward(params, host);
+  return cpu::attention_forward(params, host, choose_forward(params, host));
 }
 
 Status attention_backward(const AttentionBackwardParams& params, const Host& host,
@@ -47,7 +50,7 @@ Status attention_backward(const AttentionBackwardParams& params, const Host& hos
     }
     return reference::attention_backward(params);
   }
-  return cpu::attention_backward(params, host);
+  return cpu::attention_backward(params, host, choose_backward(params.fwd, host));
 }
 
 const char* cpu_simd_target() { return cpu::simd_target_name(); }

@@ -3,7 +3,7 @@
 #include <atomic>
 
 #if defined(ATTN2D_HAVE_AVX512_BF16)
-#include "cpu/bf16_pairs_avx512.h"
+#include "cpu/common/bf16_pairs_avx512.h"
 #endif
 
 namespace attn2d {

@@ -16,19 +16,9 @@ namespace {
 
 using reference::Precision;
 
-class CpuAttention : public ::testing::TestWithParam<std::int64_t> {
- protected:
-  void SetUp() override { hwy::SetSupportedTargetsForTest(GetParam()); }
-  void TearDown() override { hwy::SetSupportedTargetsForTest(0); }
-};
-
-std::string TargetParamName(const ::testing::TestParamInfo<std::int64_t>& info) {
-  return hwy::TargetName(info.param);
-}
-
-INSTANTIATE_TEST_SUITE_P(Targets, CpuAttention,
-                         ::testing::ValuesIn(hwy::SupportedAndGeneratedTargets()),
-                         TargetParamName);
+// Every test on each SIMD target this build compiled and this CPU runs.
+class CpuAttention : public hwy::TestWithParamTarget {};
+ATTN2D_TARGET_INSTANTIATE_TEST_SUITE_P(CpuAttention);
 
 // float32: our error may be at most twice the error of naive float32 attention, plus 1e-6.
 // float64: the oracle is naive float64 attention itself, so only reordering noise is allowed.

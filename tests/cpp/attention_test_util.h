@@ -13,7 +13,17 @@
 #include <vector>
 
 #include "attn2d/attention.h"
+#include "hwy/targets.h"
+#include "hwy/tests/hwy_gtest.h"
 #include "reference/attention_reference.h"
+
+// Runs the hwy::TestWithParamTarget suite `suite` on every SIMD target this build compiled and
+// this CPU runs: HWY_TARGET_INSTANTIATE_TEST_SUITE_P, spelt with ::testing, as the macro's own
+// unqualified testing:: names attn2d::testing where these tests live.
+#define ATTN2D_TARGET_INSTANTIATE_TEST_SUITE_P(suite)                            \
+  INSTANTIATE_TEST_SUITE_P(Targets, suite,                                         \
+                           ::testing::ValuesIn(hwy::SupportedAndGeneratedTargets()), \
+                           hwy::TestParamTargetName)
 
 namespace attn2d {
 namespace testing {
@@ -26,7 +36,7 @@ enum class Layout {
 };
 
 // Storage on 64-byte boundaries, as torch's CPU allocator gives: rows of whole cache lines then
-// start on one, which the kernels' non-temporal result stores need (cpu/result_stores.h).
+// start on one, which the kernels' non-temporal result stores need (cpu/common/result_stores.h).
 template <typename T>
 struct LineAligned {
   using value_type = T;

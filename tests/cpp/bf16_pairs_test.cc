@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "attn2d/bf16_products.h"
-#include "cpu/bf16_pairs_avx512.h"
-#include "cpu/half.h"
+#include "cpu/common/bf16_pairs_avx512.h"
+#include "cpu/common/half.h"
 
 namespace attn2d {
 namespace cpu {

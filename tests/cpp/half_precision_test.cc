@@ -14,7 +14,7 @@
 
 #include "attention_test_util.h"
 #include "attn2d/bf16_products.h"
-#include "cpu/half.h"
+#include "cpu/common/half.h"
 #include "hwy/targets.h"
 
 namespace attn2d {
@@ -24,11 +24,10 @@ namespace {
 using cpu::BFloat16;
 using cpu::Float16;
 
-class HalfPrecision : public ::testing::TestWithParam<std::int64_t> {
+class HalfPrecision : public hwy::TestWithParamTarget {
  protected:
-  void SetUp() override { hwy::SetSupportedTargetsForTest(GetParam()); }
   void TearDown() override {
-    hwy::SetSupportedTargetsForTest(0);
+    hwy::TestWithParamTarget::TearDown();
     set_bf16_products(Bf16Products::kAuto);
   }
 };
@@ -44,11 +43,7 @@ void ForEachBf16Products(const Check& check) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Targets, HalfPrecision,
-                         ::testing::ValuesIn(hwy::SupportedAndGeneratedTargets()),
-                         [](const ::testing::TestParamInfo<std::int64_t>& info) {
-                           return std::string(hwy::TargetName(info.param));
-                         });
+ATTN2D_TARGET_INSTANTIATE_TEST_SUITE_P(HalfPrecision);
 
 template <typename H>
 struct Traits;

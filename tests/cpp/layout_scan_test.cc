@@ -1,5 +1,5 @@
 // ScatteredTiles: whether channels-first views are copied to rows before a layout's tiles
-// gather them (src/cpu/row_staging-inl.h).
+// gather them (src/cpu/tiled/row_staging-inl.h).
 
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "attn2d/sparse_layout.h"
-#include "cpu/layout_scan.h"
+#include "cpu/tiled/layout_scan.h"
 
 namespace attn2d {
 namespace testing {

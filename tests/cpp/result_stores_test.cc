@@ -1,4 +1,4 @@
-// When the backward writes its gradients past the caches (cpu/result_stores.h).
+// When the backward writes its gradients past the caches (cpu/common/result_stores.h).
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -6,7 +6,7 @@
 
 #include "attn2d/attention_params.h"
 #include "attn2d/host.h"
-#include "cpu/result_stores.h"
+#include "cpu/common/result_stores.h"
 
 namespace attn2d {
 namespace cpu {

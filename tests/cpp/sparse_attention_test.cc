@@ -131,17 +131,8 @@ struct RandomLayout {
   }
 };
 
-class SparseAttention : public ::testing::TestWithParam<std::int64_t> {
- protected:
-  void SetUp() override { hwy::SetSupportedTargetsForTest(GetParam()); }
-  void TearDown() override { hwy::SetSupportedTargetsForTest(0); }
-};
-
-INSTANTIATE_TEST_SUITE_P(Targets, SparseAttention,
-                         ::testing::ValuesIn(hwy::SupportedAndGeneratedTargets()),
-                         [](const ::testing::TestParamInfo<std::int64_t>& info) {
-                           return std::string(hwy::TargetName(info.param));
-                         });
+class SparseAttention : public hwy::TestWithParamTarget {};
+ATTN2D_TARGET_INSTANTIATE_TEST_SUITE_P(SparseAttention);
 
 template <typename T>
 void expect_sparse_matches_dense(std::int64_t B, std::int64_t H, std::int64_t Lq, std::int64_t Lk,
@@ -192,7 +183,7 @@ void expect_sparse_matches_dense(std::int64_t B, std::int64_t H, std::int64_t Lq
   }
   // Other thread counts pick other schedules (whole heads, key-tile groups, two passes); every
   // one must give the same bits, and so must gradients written past the caches (non-temporal
-  // stores, cpu/result_stores.h), which problems this small never choose by themselves.
+  // stores, cpu/common/result_stores.h), which problems this small never choose by themselves.
   struct Run {
     int threads;
     bool streamed;
@@ -219,7 +210,7 @@ void expect_sparse_matches_dense(std::int64_t B, std::int64_t H, std::int64_t Lq
   }
 }
 
-// Float heads up to 256 wide take the query-lanes forward (cpu/query_lanes-inl.h): widths of 1,
+// Float heads up to 256 wide take the query-lanes forward (cpu/lanes/query_lanes-inl.h): widths of 1,
 // of a 16 x 16 transpose plus a remainder (E = 20), 32 and 33; wider ones the tile path. On
 // AVX-512 targets widths of whole 16 x 16 transposes (E = 32, Ev = 48 here; 16 below) read q
 // and write out straight from the lanes (LaneDirectVisits), ragged tiles leaving part of a
@@ -255,7 +246,7 @@ TEST_P(SparseAttention, VisitsReachingPartOfTheirKeyTilesMatchTheOracle) {
 
 // Channels-first q, k, v and dO (an NCHW conv output viewed as (B, H, L, D), as attn2d.nn passes
 // them): the one-pass schedules copy them to rows before gathering tiles, whose shuffled rows lie
-// apart (cpu/row_staging-inl.h), and the two-pass one (more threads than slices) reads them as
+// apart (cpu/tiled/row_staging-inl.h), and the two-pass one (more threads than slices) reads them as
 // they are, with the same bits; 16 x 16 float transposes at E = 16 and Ev = 24, with a remainder
 // at E = 20, and element copies for float64. Widths of one take no copy.
 TEST_P(SparseAttention, ChannelsFirstInputsMatchTheOracle) {

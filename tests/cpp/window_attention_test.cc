@@ -1,4 +1,4 @@
-// The window-offsets forward and backward (cpu/window_forward_cpu.cc, window_backward_cpu.cc)
+// The window-offsets forward and backward (cpu/window/window_forward.cc, window_backward.cc)
 // against the float64 reference run with the equivalent dense bool mask, on every compiled SIMD
 // target; and their validation.
 #include <gtest/gtest.h>
@@ -68,17 +68,8 @@ struct Offsets {
   }
 };
 
-class WindowAttention : public ::testing::TestWithParam<std::int64_t> {
- protected:
-  void SetUp() override { hwy::SetSupportedTargetsForTest(GetParam()); }
-  void TearDown() override { hwy::SetSupportedTargetsForTest(0); }
-};
-
-INSTANTIATE_TEST_SUITE_P(Targets, WindowAttention,
-                         ::testing::ValuesIn(hwy::SupportedAndGeneratedTargets()),
-                         [](const ::testing::TestParamInfo<std::int64_t>& info) {
-                           return std::string(hwy::TargetName(info.param));
-                         });
+class WindowAttention : public hwy::TestWithParamTarget {};
+ATTN2D_TARGET_INSTANTIATE_TEST_SUITE_P(WindowAttention);
 
 template <typename T>
 void expect_window_matches_dense(std::int64_t B, std::int64_t H, std::int64_t E, std::int64_t Ev,
@@ -120,8 +111,9 @@ void expect_window_matches_dense(std::int64_t B, std::int64_t H, std::int64_t E,
   EXPECT_EQ(max_abs_diff(serial.dk, ours.dk), 0.0) << what;
   EXPECT_EQ(max_abs_diff(serial.dv, ours.dv), 0.0) << what;
   EXPECT_EQ(max_abs_diff(serial.dq, ours.dq), 0.0) << what;
-  // Gradients written past the caches (non-temporal stores, cpu/result_stores.h; problems this
-  // small never choose them by themselves) must land on the same elements with the same bits.
+  // Gradients written past the caches (non-temporal stores, cpu/common/result_stores.h; problems
+  // this small never choose them by themselves) must land on the same elements with the same
+  // bits.
   Host streamed = thread_host(2);
   streamed.stream_result_bytes = 0;
   const Result<T> past = run(ours_pr, Backend::kCpu, streamed, reference::Precision::kFloat64,
@@ -186,7 +178,7 @@ TEST_P(WindowAttention, WholeVectorRowsMatchTheDenseMaskOracle) {
 TEST_P(WindowAttention, WindowsOnOneSideOfTheQueryMatchTheDenseMaskOracle) {
   // Windows without offset 0, all below or all above the query, on whole-vector rows (the
   // blocked kernels): a band's planes then span its keys on one side and its own queries on
-  // the other. 40 pixel rows give 10 block rows, bands of 2 (window_stream-inl.h), so the
+  // the other. 40 pixel rows give 10 block rows, bands of 2 (cpu/window/window_plan-inl.h), so the
   // forward walks 5 bands a head and moves its kept keys to the front of its planes.
   const Offsets below(40, 32, {2, 3, 4, 2, 3, 4}, {1, 1, 1, 5, 5, 5});
   expect_window_matches_dense<float>(2, 2, 16, 8, below, Layout::kContiguous, 31);
@@ -196,9 +188,9 @@ TEST_P(WindowAttention, WindowsOnOneSideOfTheQueryMatchTheDenseMaskOracle) {
 
 TEST_P(WindowAttention, StreamedSegmentsMatchTheDenseMaskOracle) {
   // The blocked backward walks each head in segments whose shared keys are summed apart and
-  // added at the end (window_backward_cpu.cc, StreamBackward). One head of 64 x 32 pixels gives
-  // bands of 2 block rows (256 queries) and a segment per band under a 3 x 3 window (7
-  // boundaries), per 2 bands under a 7 x 7 diamond; a window below the query (no offset 0)
+  // added at the end (cpu/window/stream_backward-inl.h, StreamBackward). One head of 64 x 32
+  // pixels gives bands of 2 block rows (256 queries) and a segment per band under a 3 x 3 window
+  // (7 boundaries), per 2 bands under a 7 x 7 diamond; a window below the query (no offset 0)
   // shares keys only past each boundary; 61 rows leave the last band partly past the map.
   expect_window_matches_dense<float>(1, 1, 64, 32, 16, 16, 3, Shape::kSquare, 1,
                                      Layout::kContiguous, 41);

@@ -1,7 +1,7 @@
-// The packed-buffer geometry of the window kernels (cpu/window_geometry.h): every shifted load
+// The packed-buffer geometry of the window kernels (cpu/window/window_geometry.h): every shifted load
 // stays inside a row, and rows hold an odd number of vectors (so that a sweep's reads of one
 // pixel column in 16 consecutive rows spread over L1's sets; see the comment on `ld`).
-#include "cpu/window_geometry.h"
+#include "cpu/window/window_geometry.h"
 
 #include <gtest/gtest.h>
 

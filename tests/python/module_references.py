@@ -8,9 +8,9 @@ import torch.nn.functional as F
 from torch import nn
 
 
-# Seed 000's blocks, verbatim, live in the package (the demo runs them too).
-from attn2d.seed_blocks import SelfAttention as SeedSelfAttention  # noqa: E402,F401
-from attn2d.seed_blocks import SelfAttention2 as SeedSelfAttention2  # noqa: E402,F401
+# The ProGAN blocks, as published, live in the package (the demo runs them too).
+from attn2d.unfused_blocks import SelfAttention as ProganSelfAttention  # noqa: E402,F401
+from attn2d.unfused_blocks import SelfAttention2 as ProganSelfAttention2  # noqa: E402,F401
 
 
 def unfused(q, k, v, scale, allowed=None):
@@ -74,7 +74,7 @@ class RefSelfAttention2d(nn.Module):
 
 
 class RefMultiheadSelfAttention2d(nn.Module):
-    """Seed 000's "SelfAttention" for any H x W and heads, with nn.MultiheadAttention."""
+    """The ProGAN block "SelfAttention" for any H x W and heads, with nn.MultiheadAttention."""
 
     def __init__(self, channels, num_heads=4, downsample=1, pattern=None):
         super().__init__()

@@ -46,9 +46,8 @@ def tolerance(naive_error: float, dtype: torch.dtype, magnitude: float = 1.0) ->
     """Our error may be at most 2x that of naive attention in the same dtype, plus a floor of
     1e-6 (float32; 1e-12 for float64) times the largest reference value `magnitude` when above 1,
     4-8 float32 units in the last place of that value.
-    The naive error is one element's, the largest of thousands, and sometimes far below an ulp:
-    a random sweep's float32 dV of values near 10 (ulp 9.5e-7) had 3.6e-7 naive error and 1.9e-6
-    ours, 2 ulp, which a floor of 1e-6 alone failed."""
+    The naive error is one element's, the largest of thousands, and sometimes far below an ulp,
+    so without the scaled floor an error of 2 ulp on values near 10 (1.9e-6) would fail."""
     floor = (1e-6 if dtype == torch.float32 else 1e-12) * max(1.0, magnitude)
     return 2.0 * naive_error + floor
 

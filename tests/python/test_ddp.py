@@ -56,11 +56,11 @@ def _worker(rank: int, world: int, port: int, result_path: str) -> None:
         if rank == 0:
             torch.save(report, result_path)
         # Both ranks leave their last collective before either tears gloo down: without it a
-        # rank could exit mid-teardown and abort ("terminate called without an active
-        # exception"), 1 CI run in ~8 on the loaded 2-core VM.
+        # rank can exit mid-teardown and abort ("terminate called without an active
+        # exception") on a loaded machine.
         dist.barrier()
-        # Past this point a rank only tears gloo down; the barrier did not make that abort
-        # impossible (it recurred in session 22's CI, with compiles running beside it).
+        # Past this point a rank only tears gloo down, which the barrier does not make safe
+        # from that abort under load; the markers tell such a death from an earlier one.
         open(f"{result_path}.done{rank}", "w").close()
     finally:
         dist.destroy_process_group()

@@ -13,8 +13,8 @@ import pytest
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 CASES = {
-    "swap_seed_block.py": (["--res", "48", "--channels", "16"],
-                           "48x48: one attn2d training step took"),
+    "swap_progan_block.py": (["--res", "48", "--channels", "16"],
+                             "48x48: one attn2d training step took"),
     "local_patterns.py": (["--res", "16"], "16x16, 64 channels, forward + backward"),
     "vit_attention.py": (["--tokens", "65", "--dim", "96", "--heads", "3"],
                          "the block, batch 2, forward + backward"),
@@ -40,7 +40,7 @@ def test_example_runs(script):
 
 
 @pytest.mark.parametrize("script,args", [
-    ("swap_seed_block.py", ["--channels", "12"]),
+    ("swap_progan_block.py", ["--channels", "12"]),
     ("local_patterns.py", ["--res", "15"]),
     ("vit_attention.py", ["--dim", "100", "--heads", "3"]),
     ("plan_gpu.py", ["--channels", "4"]),

@@ -27,7 +27,7 @@ needs_fmnist = pytest.mark.skipif(not HAVE_FMNIST, reason="dataset-fashion-mnist
 # Schedules
 
 
-def test_progressive_window_thirds_like_seed_004():
+def test_progressive_window_grows_over_thirds():
     s = schedules.ProgressiveWindow(total_steps=300, sizes=(8, 16, 24))
     sizes = [s.pattern(t).size for t in (0, 99, 100, 199, 200, 299, 300, 10_000)]
     assert sizes == [8, 8, 16, 16, 24, 24, 24, 24]

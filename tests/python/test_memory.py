@@ -21,7 +21,7 @@ def test_fused_memory_is_flat_while_unfused_grows_quadratically():
 
 
 def test_256x256_map_forward_and_backward_under_1_gib():
-    """Seed 000's failing case: one head over a 256x256 map (65,536 tokens), E=8, Ev=64. The
+    """The ProGAN generator's failing case: one head over a 256x256 map (65,536 tokens), E=8, Ev=64. The
     unfused path needs >= 32 GiB (scores + probabilities in float32)."""
     n = 256 * 256
     result = measure(dict(impl="attn2d", B=1, H=1, Lq=n, Lk=n, E=8, Ev=64), timeout=1200)

@@ -13,12 +13,12 @@ import attn2d
 import attn2d.nn as ann
 from attn2d.patterns import YLG, Window
 from module_references import (
+    ProganSelfAttention,
+    ProganSelfAttention2,
     RefAttention,
     RefCrossAttention,
     RefMultiheadSelfAttention2d,
     RefSelfAttention2d,
-    SeedSelfAttention,
-    SeedSelfAttention2,
 )
 from reference import max_err
 
@@ -99,17 +99,17 @@ def test_self_attention2d_matches_reference(config, dtype, hw):
     compare(ours, ref, [x], dtype)
 
 
-def test_seed_self_attention2_loads_strictly_and_matches():
+def test_progan_self_attention2_loads_strictly_and_matches():
     torch.manual_seed(0)
-    seed = SeedSelfAttention2(32)
-    _randomize(seed)
+    original = ProganSelfAttention2(32)
+    _randomize(original)
     ours = ann.SelfAttention2d(32, qk_ratio=8, v_channels=32, pool_kv=1, out_conv=False,
                                gamma=False, residual=False, scale=1.0)
-    ours.load_state_dict(seed.state_dict(), strict=True)
-    assert set(ours.state_dict()) == set(seed.state_dict())
+    ours.load_state_dict(original.state_dict(), strict=True)
+    assert set(ours.state_dict()) == set(original.state_dict())
     x = torch.randn(2, 32, 9, 9)
-    compare(ours, seed, [x], torch.float64)
-    compare(ours, seed, [x], torch.float32)
+    compare(ours, original, [x], torch.float64)
+    compare(ours, original, [x], torch.float32)
 
 
 def test_sagan_defaults_are_the_published_block():
@@ -136,18 +136,18 @@ def test_multihead_self_attention2d_downsample_matches_reference():
     compare(ours, ref, [torch.randn(2, 16, 9, 8)], torch.float64)
 
 
-def test_seed_self_attention_loads_strictly_and_matches():
+def test_progan_self_attention_loads_strictly_and_matches():
     torch.manual_seed(0)
-    seed = SeedSelfAttention(64)
-    _randomize(seed)
+    original = ProganSelfAttention(64)
+    _randomize(original)
     ours = ann.MultiheadSelfAttention2d(64)
-    ours.load_state_dict(seed.state_dict(), strict=True)
-    assert set(ours.state_dict()) == set(seed.state_dict())
+    ours.load_state_dict(original.state_dict(), strict=True)
+    assert set(ours.state_dict()) == set(original.state_dict())
     x = torch.randn(1, 64, 8, 8)
-    compare(ours, seed, [x], torch.float64)
-    compare(ours, seed, [x], torch.float32)
+    compare(ours, original, [x], torch.float64)
+    compare(ours, original, [x], torch.float32)
     # And back: attn2d's weights load into the original.
-    seed.load_state_dict(ours.state_dict(), strict=True)
+    original.load_state_dict(ours.state_dict(), strict=True)
 
 
 @pytest.mark.parametrize("kwargs", [dict(num_heads=4), dict(num_heads=2, qkv_bias=True),
@@ -238,7 +238,7 @@ def test_torch_compile(index):
 @pytest.mark.parametrize("pattern", [YLG(8), Window(5, "manhattan")], ids=["ylg", "window"])
 def test_torch_compile_pattern_blocks(pattern):
     # The YLG-SAGAN block (2x2-pooled keys) and a window block, whole-graph: a sparse layout's
-    # construction used to be traced and failed under fullgraph=True.
+    # construction must stay out of the traced graph, or fullgraph=True fails.
     torch._dynamo.reset()
     torch.manual_seed(0)
     module = ann.SelfAttention2d(64, heads=8, pattern=pattern, pool_kv=2 if isinstance(pattern, YLG) else 1)

@@ -150,7 +150,7 @@ def test_double_backward_raises_instead_of_being_silently_wrong(entry, pattern, 
 @pytest.mark.parametrize("pattern", [None, Window(3, "manhattan"), Window(3, border="shift")],
                          ids=["global", "window", "tiles"])
 def test_backward_fills_no_zero_gradient_for_the_log_sum_exp(pattern):
-    # lse is an output no loss can reach; a materialized zero gradient for it was a
+    # lse is an output no loss can reach; a materialized zero gradient for it would be a
     # (B, H, Lq) tensor allocated and filled every step. The step's only fill or zeroing op
     # would be that one: the output gradient is made beforehand.
     from torch.profiler import ProfilerActivity, profile
@@ -247,7 +247,7 @@ def test_backward_op_checks_shapes():
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_kernels_run_on_every_torch_thread(threads):
     # OpenMP creates the requested threads whatever the machine's core count, so this holds on
-    # one core too; a binding built without OpenMP ran every task on thread 0.
+    # one core too; a binding built without OpenMP would run every task on thread 0.
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(threads)

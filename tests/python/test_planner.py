@@ -14,7 +14,7 @@ from attn2d import planner
 from attn2d.cli import main as cli_main
 from attn2d.memory import measure
 
-SEED_BLOCKS = {b.kind: b for b in planner.seed000_blocks(64)}
+PROGAN_BLOCKS = {b.kind: b for b in planner.progan_blocks(64)}
 BLOCK_NAMES = {"tokens": "SelfAttention", "conv": "SelfAttention2"}
 CASES = [  # (block kind, implementation, resolution)
     ("conv", "original", 48), ("conv", "original", 64), ("conv", "original", 96),
@@ -26,7 +26,7 @@ CASES = [  # (block kind, implementation, resolution)
 
 def predicted_on_cpu(kind: str, impl: str, res: int) -> float:
     implementation = "pytorch-unfused" if impl == "original" else "attn2d-global"
-    est = planner.estimate(SEED_BLOCKS[kind], planner.Setting(res, res), implementation)
+    est = planner.estimate(PROGAN_BLOCKS[kind], planner.Setting(res, res), implementation)
     return est.memory_bytes
 
 
@@ -42,7 +42,7 @@ def test_model_matches_measured_memory(case):
     assert abs(got - want) <= bound * got, (want / 2**20, got / 2**20)
 
 
-def test_acceptance_command_says_seed_blocks_fit_only_with_attn2d(capsys):
+def test_acceptance_command_says_progan_blocks_fit_only_with_attn2d(capsys):
     assert cli_main(["plan", "--res", "256", "--channels", "64", "--gpu", "rtx3090"]) == 0
     out = capsys.readouterr().out
     assert out.count("| pytorch-unfused | ") == 2
@@ -67,7 +67,7 @@ def test_json_output_has_every_implementation(capsys):
 
 
 def test_quadratic_and_linear_scaling():
-    block = SEED_BLOCKS["conv"]
+    block = PROGAN_BLOCKS["conv"]
     small, big = (planner.estimate(block, planner.Setting(r, r), "pytorch-unfused").memory_bytes
                   for r in (64, 128))
     assert 14 < big / small <= 16  # N^2: 16x, less the linear part
@@ -82,7 +82,7 @@ def test_quadratic_and_linear_scaling():
 
 
 def test_recommends_the_cheapest_fitting_option_when_global_does_not_fit():
-    block = SEED_BLOCKS["tokens"]
+    block = PROGAN_BLOCKS["tokens"]
     p = planner.plan(block, planner.Setting(256, 256, batch=64), memory_gib=10)
     by = {e.implementation: e for e in p.estimates}
     assert not by["attn2d-global"].fits and by["attn2d-downsampled"].fits
@@ -90,12 +90,53 @@ def test_recommends_the_cheapest_fitting_option_when_global_does_not_fit():
     assert by["attn2d-global"].max_batch == int(p.usable_bytes // by["attn2d-global"].per_sample_bytes)
 
 
-def test_seed004_tables_are_computed(capsys):
-    assert cli_main(["plan", "--seed004"]) == 0
+def test_reference_tables_are_computed(capsys):
+    assert cli_main(["plan", "--tables", "resolution,hardware"]) == 0
     out = capsys.readouterr().out
     for name, _ in planner.DEVICES.values():
         assert name in out
     assert "| 256x256 | 2 |" in out
+    assert out.index("| resolution |") < out.index("| device |")
+
+
+@pytest.mark.parametrize("tables,present,absent", [
+    ("resolution", "| resolution |", "| device |"),
+    ("hardware", "| device |", "| resolution |"),
+])
+def test_reference_tables_are_selected(tables, present, absent, capsys):
+    assert cli_main(["plan", "--tables", tables]) == 0
+    out = capsys.readouterr().out
+    assert present in out and absent not in out
+    assert planner.reference_tables(64, (tables,)) == out.rstrip("\n")
+
+
+def test_reference_tables_default_to_both():
+    assert planner.reference_tables(64) == planner.reference_tables(64, ("resolution", "hardware"))
+    with pytest.raises(ValueError, match="tables"):
+        planner.reference_tables(64, ("memory",))
+
+
+@pytest.mark.parametrize("tables", ["memory", "resolution,gpu", ""])
+def test_unknown_tables_are_an_argparse_error_naming_the_option(tables, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["plan", "--tables", tables])
+    assert exit_info.value.code == 2
+    assert "--tables" in capsys.readouterr().err
+
+
+def test_plan_without_res_or_tables_says_which_is_needed(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["plan"])
+    assert exit_info.value.code == 2
+    assert "--res is required (or --tables)" in capsys.readouterr().err
+
+
+def test_progan_block_is_the_default_and_named(capsys):
+    assert cli_main(["plan", "--res", "64", "--block", "progan"]) == 0
+    named = capsys.readouterr().out
+    assert cli_main(["plan", "--res", "64"]) == 0
+    assert capsys.readouterr().out == named
+    assert named.count("ProGAN SelfAttention") == 2
 
 
 @pytest.mark.parametrize("argv,word", [

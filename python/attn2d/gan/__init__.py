@@ -1,5 +1,5 @@
-"""GAN training with attn2d attention (seed 004's SAGAN vs YLG-SAGAN experiment): data, models,
-attention schedules, SWD / FID / KID, and the `attn2d train-gan` loop."""
+"""GAN training with attn2d attention (SAGAN against YLG-SAGAN): data, models, attention
+schedules, SWD / FID / KID, and the `attn2d train-gan` loop."""
 
 from . import schedules
 from .schedules import Constant, Mixed, PlateauWindow, ProgressiveWindow, Schedule

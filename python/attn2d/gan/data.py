@@ -72,6 +72,9 @@ def load_fashion_mnist(split: str = "train", root: str | os.PathLike = FASHION_M
 def load_folder(path: str | os.PathLike) -> torch.Tensor:
     """Every image in a folder (recursively) as uint8 (N, C, H, W), C = 1 if all are grayscale,
     else 3; the images must share one size (they are resized later)."""
+    from .. import _tools
+
+    _tools.require("attn2d.gan's image folders", "PIL")
     from PIL import Image
 
     files = sorted(p for p in Path(path).rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)

@@ -19,7 +19,7 @@ from ..nn import SelfAttention2d
 @dataclass
 class AttentionConfig:
     """How the attention block attends: pattern None is global; downsample > 1 attends on a
-    pooled map (seed 000's advice)."""
+    pooled map (attention cost falls by downsample^4)."""
 
     pattern: object = None
     heads: int = 4

@@ -1,4 +1,5 @@
-"""Attention schedules for GAN training (seed 004's tricks), usable in any training loop.
+"""Attention schedules for GAN training (growing windows, windows raised on a plateau, local then
+global), usable in any training loop.
 
 A schedule answers `pattern(step)`: the pattern the attention blocks should use at that step
 (None = global attention). Schedules that react to sample quality also take
@@ -72,7 +73,7 @@ class Constant(Schedule):
 
 
 class ProgressiveWindow(Schedule):
-    """Window size grows in equal stages over training: seed 004's 8 -> 16 -> 24 over thirds.
+    """Window size grows in equal stages over training: by default 8 -> 16 -> 24 over thirds.
 
     Stage i covers steps [i*total/n, (i+1)*total/n); steps past total stay at the last size."""
 
@@ -153,7 +154,7 @@ class PlateauWindow(Schedule):
 
 
 class Mixed(Schedule):
-    """Seed 004's mixed strategy: a local pattern (or another schedule) for the first
+    """Mixed local and global attention: a local pattern (or another schedule) for the first
     `local_fraction` of training, then global attention."""
 
     def __init__(self, total_steps: int, local=None, local_fraction: float = 0.5) -> None:

@@ -1,5 +1,5 @@
-"""`attn2d train-gan`: seed 004's experiment, SAGAN (global attention) against YLG-SAGAN (local
-sparse attention) and the other schedules, trained on real images on CPU.
+"""`attn2d train-gan`: SAGAN (global attention) against YLG-SAGAN (local sparse attention) and
+the other schedules, trained on real images on CPU.
 
 One variant trains in one process (`train_variant`), so its peak memory is its own; the driver
 (`run`) starts one subprocess per variant and writes the comparison report. Under torchrun every
@@ -29,9 +29,9 @@ from .models import (AttentionConfig, Discriminator, GANConfig, Generator, atten
                      count_parameters, hinge_d_loss, hinge_g_loss)
 
 VARIANTS = ("global", "ylg", "window", "downsample", "progressive", "plateau", "mixed")
-# Seed 004's window sizes (Manhattan neighbourhoods of 8, 16, 24) were for 64-256 px maps with
-# keys on a 32-128 px grid; they are scaled by (key grid / 32) for smaller maps.
-SEED004_SIZES = (8, 16, 24)
+# Manhattan neighbourhoods of 8, 16 and 24 suit 64-256 px maps with keys on a 32-128 px grid;
+# they are scaled by (key grid / 32) for smaller maps.
+WINDOW_SIZES = (8, 16, 24)
 
 
 @dataclass
@@ -96,7 +96,7 @@ class TrainConfig:
         if self.window_sizes is not None:
             return tuple(self.window_sizes)
         g = self.key_grid
-        return tuple(max(2, min(g, round(s * g / 32))) for s in SEED004_SIZES)
+        return tuple(max(2, min(g, round(s * g / 32))) for s in WINDOW_SIZES)
 
 
 def make_schedule(cfg: TrainConfig) -> schedules.Schedule:
@@ -128,6 +128,9 @@ def gan_config(cfg: TrainConfig, channels: int, pattern) -> GANConfig:
 
 def save_grid(images: torch.Tensor, path: Path, nrow: int = 8) -> None:
     """Float images in [-1, 1] (N, C, H, W) as one PNG grid with 2-px gaps."""
+    from .. import _tools
+
+    _tools.require("attn2d.gan's sample grids", "PIL")
     from PIL import Image
 
     u8 = data.to_uint8(images)

@@ -1,5 +1,5 @@
 """Pieces the attn2d.nn modules share: argument checks, map <-> heads views,
-and the downsample-attend-upsample wrapper of seed 000's advice."""
+and the downsample-attend-upsample wrapper."""
 
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ def heads_to_tokens(t: torch.Tensor) -> torch.Tensor:
 
 
 class Resample(nn.Module):
-    """Seed 000's advice: a stride-s conv down, attention on the smaller map, a transposed conv
+    """A stride-s conv down, attention on the smaller map, a transposed conv
     back up. Attention memory and time fall by s^4."""
 
     def __init__(self, channels: int, factor: int) -> None:

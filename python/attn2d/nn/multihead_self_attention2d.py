@@ -1,5 +1,6 @@
-"""Seed 000's "SelfAttention" block (LayerNorm, multi-head attention, feed-forward) on NCHW maps,
-with the same state_dict keys as the original so its weights load with strict=True."""
+"""The ProGAN block "SelfAttention" (LayerNorm, multi-head attention, feed-forward) on NCHW maps,
+with the same state_dict keys as the original (attn2d.unfused_blocks) so its weights load with
+strict=True."""
 
 from __future__ import annotations
 

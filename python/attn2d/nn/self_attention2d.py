@@ -24,9 +24,10 @@ class SelfAttention2d(nn.Module):
     scale=1.0 is SAGAN's unscaled dot product; None means 1/sqrt(head width).
 
     The defaults are the published SAGAN/BigGAN block. pattern=attn2d.patterns.Window(...) makes
-    it local; SelfAttention2d(C, heads=8, pattern=attn2d.patterns.YLG(8)) is the YLG-SAGAN block. Seed 000's "SelfAttention2" is
-    SelfAttention2d(C, v_channels=C, pool_kv=1, out_conv=False, gamma=False, residual=False)
-    and loads its state_dict with strict=True.
+    it local; SelfAttention2d(C, heads=8, pattern=attn2d.patterns.YLG(8)) is the YLG-SAGAN
+    block. The ProGAN block "SelfAttention2" (attn2d.unfused_blocks) is SelfAttention2d(C,
+    v_channels=C, pool_kv=1, out_conv=False, gamma=False, residual=False) and loads its
+    state_dict with strict=True.
     """
 
     def __init__(

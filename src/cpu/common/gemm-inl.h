@@ -1,0 +1,126 @@
+// The tiled kernels' one GEMM micro-kernel, per target: A may be any strided view, so that one
+// kernel serves every product of the forward and the backward.
+// Included once per SIMD target by foreach_target.h (hence the toggle guard below).
+
+#if defined(ATTN2D_SRC_CPU_COMMON_GEMM_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef ATTN2D_SRC_CPU_COMMON_GEMM_INL_H_
+#undef ATTN2D_SRC_CPU_COMMON_GEMM_INL_H_
+#else
+#define ATTN2D_SRC_CPU_COMMON_GEMM_INL_H_
+#endif
+
+#include <cstddef>
+
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace attn2d {
+namespace cpu {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// C (M x N, row stride ldc) = [C +] A * B, where A(m, k) = A[m * a_rs + k * a_ks] is read one
+// scalar at a time and broadcast, and B (K x N, row stride ldb) is read in vectors. N must be a
+// multiple of the vector length. Because A may be any strided view, this one kernel serves
+// Q*K^T, P*V, dO*V^T, P^T*dO, dS^T*Q and dS*K.
+
+// kRows x 2 vectors of C. The accumulators must cover FMA latency x throughput (4 x 2 on
+// current x86 cores) with room to spare, and each B vector loaded feeds kRows FMAs.
+template <size_t kRows, bool kAccumulate, class D, typename T>
+HWY_INLINE void BlockRowsx2(D d, size_t K, const T* HWY_RESTRICT A, size_t a_rs, size_t a_ks,
+                            const T* HWY_RESTRICT B, size_t ldb, T* HWY_RESTRICT C, size_t ldc) {
+  using V = decltype(hn::Zero(d));
+  const size_t L = hn::Lanes(d);
+  V c0[kRows], c1[kRows];
+  HWY_UNROLL(12)
+  for (size_t r = 0; r < kRows; ++r) {
+    c0[r] = kAccumulate ? hn::LoadU(d, C + r * ldc) : hn::Zero(d);
+    c1[r] = kAccumulate ? hn::LoadU(d, C + r * ldc + L) : hn::Zero(d);
+  }
+  for (size_t k = 0; k < K; ++k) {
+    const auto b0 = hn::LoadU(d, B + k * ldb);
+    const auto b1 = hn::LoadU(d, B + k * ldb + L);
+    const T* a = A + k * a_ks;
+    HWY_UNROLL(12)
+    for (size_t r = 0; r < kRows; ++r) {
+      const auto ar = hn::Set(d, a[r * a_rs]);
+      c0[r] = hn::MulAdd(ar, b0, c0[r]);
+      c1[r] = hn::MulAdd(ar, b1, c1[r]);
+    }
+  }
+  HWY_UNROLL(12)
+  for (size_t r = 0; r < kRows; ++r) {
+    hn::StoreU(c0[r], d, C + r * ldc);
+    hn::StoreU(c1[r], d, C + r * ldc + L);
+  }
+}
+
+// kRows x 1 vector of C: the last (or only) vector of columns, e.g. P*V at Ev <= 16 floats.
+// 4 rows kept 4 multiply-add chains in flight, half the 8 that 4-cycle FMAs at 2 a cycle need.
+template <size_t kRows, bool kAccumulate, class D, typename T>
+HWY_INLINE void BlockRowsx1(D d, size_t K, const T* HWY_RESTRICT A, size_t a_rs, size_t a_ks,
+                            const T* HWY_RESTRICT B, size_t ldb, T* HWY_RESTRICT C, size_t ldc) {
+  using V = decltype(hn::Zero(d));
+  V c[kRows];
+  HWY_UNROLL(12)
+  for (size_t r = 0; r < kRows; ++r) c[r] = kAccumulate ? hn::LoadU(d, C + r * ldc) : hn::Zero(d);
+  for (size_t k = 0; k < K; ++k) {
+    const auto b = hn::LoadU(d, B + k * ldb);
+    const T* a = A + k * a_ks;
+    HWY_UNROLL(12)
+    for (size_t r = 0; r < kRows; ++r) c[r] = hn::MulAdd(hn::Set(d, a[r * a_rs]), b, c[r]);
+  }
+  HWY_UNROLL(12)
+  for (size_t r = 0; r < kRows; ++r) hn::StoreU(c[r], d, C + r * ldc);
+}
+
+template <bool kAccumulate, typename T>
+HWY_NOINLINE void Gemm(size_t M, size_t N, size_t K, const T* HWY_RESTRICT A, size_t a_rs,
+                       size_t a_ks, const T* HWY_RESTRICT B, size_t ldb, T* HWY_RESTRICT C,
+                       size_t ldc) {
+  const hn::ScalableTag<T> d;
+  const size_t L = hn::Lanes(d);
+  size_t n = 0;
+  // 12 rows where the target has 32 vector registers (24 accumulators, 2 B vectors, 1
+  // broadcast), else 6 (12 + 3 of 16): the more rows each B vector feeds, the fewer loads a
+  // multiply-add (on an AMD EPYC, 12 rows ran the ViT-B N=1024 backward 1.25x as fast as 4).
+  constexpr size_t kRows = HWY_TARGET <= HWY_AVX3 ? 12 : 6;
+  // Column panels outermost: a K x 2L panel of B stays in L1 while every row block uses it.
+  for (; n + 2 * L <= N; n += 2 * L) {
+    size_t m = 0;
+    for (; m + kRows <= M; m += kRows) {
+      BlockRowsx2<kRows, kAccumulate>(d, K, A + m * a_rs, a_rs, a_ks, B + n, ldb,
+                                      C + m * ldc + n, ldc);
+    }
+    for (; m + 4 <= M; m += 4) {
+      BlockRowsx2<4, kAccumulate>(d, K, A + m * a_rs, a_rs, a_ks, B + n, ldb, C + m * ldc + n,
+                                  ldc);
+    }
+    for (; m < M; ++m) {
+      BlockRowsx2<1, kAccumulate>(d, K, A + m * a_rs, a_rs, a_ks, B + n, ldb, C + m * ldc + n,
+                                  ldc);
+    }
+  }
+  for (; n < N; n += L) {
+    size_t m = 0;
+    for (; m + kRows <= M; m += kRows) {
+      BlockRowsx1<kRows, kAccumulate>(d, K, A + m * a_rs, a_rs, a_ks, B + n, ldb,
+                                      C + m * ldc + n, ldc);
+    }
+    for (; m + 4 <= M; m += 4) {
+      BlockRowsx1<4, kAccumulate>(d, K, A + m * a_rs, a_rs, a_ks, B + n, ldb, C + m * ldc + n,
+                                  ldc);
+    }
+    for (; m < M; ++m) {
+      BlockRowsx1<1, kAccumulate>(d, K, A + m * a_rs, a_rs, a_ks, B + n, ldb, C + m * ldc + n,
+                                  ldc);
+    }
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace cpu
+}  // namespace attn2d
+HWY_AFTER_NAMESPACE();
+
+#endif  // ATTN2D_SRC_CPU_COMMON_GEMM_INL_H_
