@@ -27,7 +27,8 @@ enum class Products : int {
   kBf16Pairs,       // VDPBF16PS on bf16 pairs, P and dS rounded to bf16 once
 };
 
-// The tiled backward's schedule (cpu/common/tiling.h); kNone for the other kernels.
+// The schedule: the tiled backward's (cpu/common/tiling.h), or the window kernels', forward and
+// backward (cpu/window/window_geometry.h); kNone for the tiled forward and the query lanes.
 enum class Schedule : int {
   kNone = 0,
   kWholeHeads,     // one task a (batch, head): no shared buffer

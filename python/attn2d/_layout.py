@@ -118,7 +118,7 @@ def _ylg_plan(pattern: P.YLG, kind: str, q_hw, kv_hw):
     elif kind == "rtl-floor":
         # A query sees the keys of its block at or after its own position: listed backwards,
         # a query tile's keys lead its key tile, and the kernels compute only the leading
-        # columns a visit's masks reach (VisitColumns in src/cpu/tile_ops-inl.h), as they do
+        # columns a visit's masks reach (VisitColumns in src/cpu/common/masks-inl.h), as they do
         # for ltr-floor's tiles in ascending order.
         rest_tiles = [c.flip(0) for c in _chunks(rest, BLOCK_K)]
     else:
@@ -300,7 +300,7 @@ def _sum_over_visits(layout, per_visit) -> int:
 def visited_pairs(layout) -> int:
     """(query, key) pairs the kernel computes for one image, summed over the heads: a masked
     visit computes its key tile's leading columns up to the last one its masks allow
-    (VisitColumns in src/cpu/tile_ops-inl.h), and one that allows at most one key a row
+    (VisitColumns in src/cpu/common/masks-inl.h), and one that allows at most one key a row
     computes just those keys (VisitSingleKeys; the bf16 kernels on AVX512-BF16 compute such a
     visit as a tile)."""
 

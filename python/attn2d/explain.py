@@ -18,8 +18,9 @@ from .functional import _autocast_inputs, _resolve_pattern
 class KernelReport:
     """One direction's choice. kernel: "dense_tiles", "sparse_tiles", "query_lanes", "window"
     or "reference"; products: "float32", "float64", "float" (16-bit inputs widened to float32)
-    or "bf16 pairs"; schedule: the backward's schedule ("whole heads", "key-tile groups", "two
-    passes", "blocked rows", "one vector at a time"), "" where none; reason: why this kernel;
+    or "bf16 pairs"; schedule: how the kernel splits its work: the tiled backward's "whole
+    heads", "key-tile groups" or "two passes", the window kernels' "blocked rows" or "one
+    vector at a time"; "" where none; reason: why this kernel;
     refused: (kernel, reason) for each other kernel."""
 
     kernel: str

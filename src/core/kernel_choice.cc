@@ -130,7 +130,7 @@ Kernel choose_family(const AttentionParams& p, bool with_reasons, KernelChoice* 
         if (!window_refused.empty()) c->reason += " (no layout was given for the tiles)";
         refuse(c, with_reasons, Kernel::kSparseTiles,
                "the window kernel computes fewer pairs than 8x8 tiles (about 1.05x the allowed "
-               "pairs away from the border against 2.5x for a square, 5x for a diamond)");
+               "pairs away from the border against 2.5x for a square, 4.9x for a diamond)");
         refuse(c, with_reasons, Kernel::kDenseTiles,
                "a pattern is given: dense tiles would compute every pair");
       }

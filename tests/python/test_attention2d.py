@@ -97,9 +97,10 @@ def test_ylg_custom_heads():
 @pytest.mark.parametrize("q_hw", [(40, 48), (21, 47), (12, 80)], ids=str)
 def test_window_backward_bands_longer_than_one_delta_chunk(q_hw):
     # The blocked window backward forms D = rowsum(dO * O) 256 positions at a time
-    # (window_backward_cpu.cc, kDeltaChunk), and its bands hold 2 block rows of 4 pixel rows:
-    # 384 positions at width 48 (a chunk and a short one), 384 on width 47's 48-wide pitched
-    # raster (pad columns inside the chunks), 640 at width 80 (two chunks and a short one).
+    # (src/cpu/window/window_backward_plan-inl.h, kDeltaChunk), and its bands hold 2 block rows
+    # of 4 pixel rows: 384 positions at width 48 (a chunk and a short one), 384 on width 47's
+    # 48-wide pitched raster (pad columns inside the chunks), 640 at width 80 (two chunks and a
+    # short one).
     for dtype in (torch.float64, torch.float32):
         run_both(Window(5, "manhattan"), q_hw, q_hw, heads=2, dtype=dtype, E=6, Ev=21, B=1)
 

@@ -29,8 +29,8 @@ using Clock = std::chrono::steady_clock;
 // steps; returns the seconds they took. The operands come from run-time values, so that the
 // compiler can neither fold the chains together nor drop them (see fma_peak.cc), and the loop
 // over the chains is unrolled so that they stay in registers: kept in the array, each step
-// went through memory, and the FMA chains ran at a fraction of their rate (an Intel Xeon: 21-48
-// G multiply-adds a second against 124).
+// goes through memory, and the FMA chains run at a fraction of their rate (under 40% of it on
+// an Intel Xeon).
 template <class Step>
 double ChainsSeconds(std::int64_t iterations, float seed, const Step& step) {
   __m512 c[12];
@@ -123,8 +123,8 @@ bool bf16_pairs_outpace_fma() {
   static const bool faster = [] {
     if (!cpu_has_avx512_bf16()) return false;
     volatile float seed = 1.0f;
-    // 4096 steps of 12 chains: ~50k instructions of each kind, 7 us at 2 a cycle; the best of 8
-    // runs each, taken in turns, against a context switch or a slow first run (~0.3 ms in all).
+    // 4096 steps of 12 chains, ~50k instructions of each kind; the best of 8 runs each, taken
+    // in turns, against a context switch or a slow first run.
     constexpr std::int64_t kSteps = 4096;
     const __m512bh a = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x3f803f80 ^ (seed > 2.0f)));
     const __m512bh b = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x33803380));

@@ -18,7 +18,8 @@ namespace cpu {
 bool cpu_has_avx512_bf16();
 
 // Whether the VDPBF16PS chains of this CPU do at least 1.5x the multiply-adds a second of zmm
-// FMA chains (measured once per process, ~0.3 ms; false without AVX512-BF16).
+// FMA chains (measured once per process, in a fraction of a millisecond; false without
+// AVX512-BF16).
 bool bf16_pairs_outpace_fma();
 
 // Whether the kernels multiply bf16 inputs as pairs now: per attn2d::bf16_products().

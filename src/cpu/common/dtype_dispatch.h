@@ -1,5 +1,5 @@
 // The four dtype instances of a per-target kernel template and their run-time dispatch, written
-// once for every CPU entry point (forward, backward, window forward).
+// once for every CPU entry point (the tiled and the window forward and backward).
 #pragma once
 
 #include "attn2d/attention_params.h"

@@ -2,7 +2,7 @@
 // times throughput (2 per cycle) on current x86 cores, so the loop runs at the FMA units' peak.
 // The chains start from values the compiler cannot see: when they all started at 1.0f, GCC 12
 // proved them equal and kept one, so the loop ran one dependent FMA per iteration while the
-// count said 12, and the "peak" came out 1.5x the machine's (on an AMD EPYC).
+// count said 12, and the "peak" came out 1.5x the machine's (on an AMD EPYC Zen 4).
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "src/cpu/common/fma_peak.cc"

@@ -56,7 +56,8 @@ HWY_INLINE void BlockRowsx2(D d, size_t K, const T* HWY_RESTRICT A, size_t a_rs,
 }
 
 // kRows x 1 vector of C: the last (or only) vector of columns, e.g. P*V at Ev <= 16 floats.
-// 4 rows kept 4 multiply-add chains in flight, half the 8 that 4-cycle FMAs at 2 a cycle need.
+// kRows rows here too: 4 would keep 4 multiply-add chains in flight, half the 8 that 4-cycle
+// FMAs at 2 a cycle need.
 template <size_t kRows, bool kAccumulate, class D, typename T>
 HWY_INLINE void BlockRowsx1(D d, size_t K, const T* HWY_RESTRICT A, size_t a_rs, size_t a_ks,
                             const T* HWY_RESTRICT B, size_t ldb, T* HWY_RESTRICT C, size_t ldc) {
@@ -83,7 +84,8 @@ HWY_NOINLINE void Gemm(size_t M, size_t N, size_t K, const T* HWY_RESTRICT A, si
   size_t n = 0;
   // 12 rows where the target has 32 vector registers (24 accumulators, 2 B vectors, 1
   // broadcast), else 6 (12 + 3 of 16): the more rows each B vector feeds, the fewer loads a
-  // multiply-add (on an AMD EPYC, 12 rows ran the ViT-B N=1024 backward 1.25x as fast as 4).
+  // multiply-add (on an AMD EPYC Zen 4, 12 rows ran the ViT-B N=1024 backward 1.25x as fast
+  // as 4).
   constexpr size_t kRows = HWY_TARGET <= HWY_AVX3 ? 12 : 6;
   // Column panels outermost: a K x 2L panel of B stays in L1 while every row block uses it.
   for (; n + 2 * L <= N; n += 2 * L) {

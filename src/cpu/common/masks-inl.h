@@ -128,8 +128,8 @@ HWY_INLINE void SingleKeyScores(const std::uint64_t* words, const Rows& keys, si
 
 // Masks a gathered tile by its bit rows: key c of row r is allowed when bit c of words[r] is
 // set (null words: all allowed); columns in [cols, cols_pad) are padding and always masked.
-// One vector of lanes per step (LoadMaskBits of the shifted word): the bit-by-bit scalar loop
-// cost about a cycle per score, as much as the Q*K^T product at E = 16.
+// One vector of lanes per step (LoadMaskBits of the shifted word): a bit-by-bit scalar loop
+// costs as much as the Q*K^T product at E = 16.
 template <typename T>
 HWY_INLINE void MaskTileBits(T* HWY_RESTRICT S, size_t ld, size_t rows, size_t cols,
                              size_t cols_pad, const std::uint64_t* words) {

@@ -115,7 +115,7 @@ HWY_INLINE void ProbabilityGradRow(T* HWY_RESTRICT s, T* HWY_RESTRICT dp, size_t
 // fn(e, v) for each whole vector v = (y[e * ys], ..., y[(e + L - 1) * ys]) of a strided row y
 // (T elements); returns the elements done. DotRow and AxpyRow then sum or fuse exactly as for a
 // contiguous row, so that results do not depend on the layout: the sparse backward reads some
-// slices from row-major copies (cpu/row_staging-inl.h), and every schedule must give the same
+// slices from row-major copies (tiled/row_staging-inl.h), and every schedule must give the same
 // bits. Out of line: inlined, the gathers grew the contiguous rows' single-key visits.
 template <typename T, class VectorFn>
 HWY_NOINLINE size_t ForStridedVectors(const T* HWY_RESTRICT y, size_t n, std::int64_t ys,

@@ -18,7 +18,7 @@ struct TileSizes {
 TileSizes choose_tiles(std::int64_t len_q, std::int64_t len_k, std::int64_t dim_qk,
                        std::int64_t dim_v, std::size_t elem_bytes, std::size_t granule);
 
-// How the backward is split into tasks (attention_backward_cpu.cc explains each); all give
+// How the backward is split into tasks (tiled/tiled_backward.cc explains each); all give
 // bitwise-equal results, so the choice is free to depend on the thread count.
 enum class BackwardSchedule { kWholeHeads, kKeyTileGroups, kTwoPasses };
 

@@ -1,5 +1,5 @@
-// A sparse forward task on the query-lanes path (query_lanes-inl.h), which the plan's
-// query_lanes (tiled/tiled_forward.cc) picks for float heads up to 256 wide.
+// A sparse forward task on the query-lanes path (query_lanes-inl.h), which the kernel chooser
+// (core/kernel_choice.cc) picks for float32 heads up to 256 wide; tiled/tiled_forward.cc runs it.
 // Included once per SIMD target by foreach_target.h (hence the toggle guard below).
 
 #if defined(ATTN2D_SRC_CPU_LANES_LANE_QUERY_TASK_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -28,7 +28,7 @@ namespace cpu {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// A sparse task on the query-lanes path (cpu/query_lanes-inl.h). With 16 lanes and rows of
+// A sparse task on the query-lanes path (lanes/query_lanes-inl.h). With 16 lanes and rows of
 // whole vectors each vector of rows is read, visited and written by LaneDirectVisits; returns
 // true, the task finished. Otherwise the tile's rows are packed (scaled, zero up to whole
 // vectors), each vector of rows takes every visit and leaves its rows' m, l and acc, and it

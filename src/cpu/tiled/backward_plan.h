@@ -36,7 +36,7 @@ struct BackwardPlan {
   // (share_rows,) lse and (share_rows,) delta.
   T* gathered = nullptr;
   // With `gathered`, where Q, K, V or dO is channels-first: per thread, room for one slice's
-  // row-major copies of them (cpu/row_staging-inl.h), staging_elems T's each; null otherwise.
+  // row-major copies of them (tiled/row_staging-inl.h), staging_elems T's each; null otherwise.
   T* staging = nullptr;
   size_t staging_elems = 0;
   bool q_tiles_apart = false, k_tiles_apart = false;  // ScatteredTiles of the layout
@@ -45,7 +45,7 @@ struct BackwardPlan {
   // dV = P^T dO, dK = dS^T q, dQ = dS K) run on VDPBF16PS from bf16 pairs (K^T and V^T packed as
   // pairs in kt and vt, K in k; P and dS rounded to bf16 as naive bf16 attention rounds them).
   bool native_bf16 = false;
-  bool stream_grads = false;  // dQ, dK and dV past the caches (cpu/result_stores.h)
+  bool stream_grads = false;  // dQ, dK and dV past the caches (common/result_stores.h)
 
   struct Arrays {
     T *kt, *vt, *k, *q, *dout, *s, *dp, *dk, *dv, *dk_part, *dv_part, *dq, *dq_group, *dq_term;

@@ -44,7 +44,7 @@ struct ForwardPlan {
   // rounded to bf16 once, as naive bf16 attention rounds it.
   bool native_bf16 = false;
   // A sparse layout over float heads up to 256 wide: its visits run with the queries along the
-  // vector lanes (cpu/query_lanes-inl.h, LaneQueryTask).
+  // vector lanes (lanes/lane_query_task-inl.h, LaneQueryTask), where the kernel chooser says so.
   bool query_lanes = false;
 
   // More than one query tile a head (dense or sparse): each thread keeps packed K^T and V

@@ -6,8 +6,8 @@
 // a layout's tiles are ScatteredTiles, such views are first copied to rows, in
 // 16 x 16 transposes: the forward a run of heads of one batch element at a time within
 // kStageBudgetBytes, each run a problem of its own (StageRows); the backward one slice a thread,
-// before the thread walks it (StageSlice). Copying whole tensors at once raised that case's
-// forward and backward peak from 27.8 to 47.8 MiB; these copies to 32.7.
+// before the thread walks it (StageSlice). Copies of whole tensors would hold every head at once
+// for no gain in speed (YLG(8) at 128x128 on the Intel Xeon: 1.5x the step's peak memory).
 // Included once per SIMD target by foreach_target.h (hence the toggle guard below).
 
 #if defined(ATTN2D_SRC_CPU_TILED_ROW_STAGING_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -119,9 +119,8 @@ size_t StagedElemsPerHead(const std::array<StagedView, N>& views) {
 }
 
 // Heads per run: as many as kStageBudgetBytes holds (one at least), and where that is at least
-// the thread count a multiple of it. The host hands each thread a contiguous range of a run's
-// query tiles, head after head, and YLG's heads cost differently: a run whose heads do not
-// split evenly over the threads leaves one thread the costlier ones.
+// the thread count a multiple of it. YLG's heads cost differently, and a run whose heads do not
+// split evenly over the threads can leave one thread the costlier ones.
 inline std::int64_t HeadsPerStage(size_t bytes_per_head, std::int64_t heads, int threads) {
   threads = std::max(threads, 1);
   std::int64_t n =

@@ -289,9 +289,8 @@ Status Backward(const AttentionBackwardParams& bp, const Host& host, const Kerne
                       gather_elems * sizeof(T) <= kMaxShareBytes;
   const size_t gathered_elems = gather ? gather_elems : 0;
   // Channels-first views in those schedules: each thread copies its slice's rows first
-  // (KeyTileGroup), O(threads (len_q + len_k) (E + Ev)) of workspace. Copies of the whole tensors
-  // raised a step's peak (YLG(8) 128x128 over 64x64, E = Ev = 16) from 27.8 to 47.8 MiB; these
-  // to 32.7, the forward's runs included.
+  // (KeyTileGroup), O(threads (len_q + len_k) (E + Ev)) of workspace, where copies of the whole
+  // tensors would hold every slice at once (row_staging-inl.h).
   size_t staging_total = 0;
   AttentionBackwardParams probe = bp;  // a copy: StagedViews hands out its pointers to repoint
   // Whether the tiles' rows lie apart is asked (a walk over the layout) only where some view is

@@ -2,7 +2,8 @@
 // see with an online softmax (running max m, running sum l, accumulator acc) and writes the
 // output rows and their log-sum-exp. Scratch per thread: O(block_q * block_k + tiles of q, k, v).
 // The plan is in forward_plan-inl.h and a query tile's work in forward_visits-inl.h; a sparse
-// layout over float heads goes on to the query lanes (lanes/).
+// layout over float32 heads up to 256 wide goes on to the query lanes (lanes/), where the kernel
+// chooser sends it.
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "src/cpu/tiled/tiled_forward.cc"
@@ -238,9 +239,9 @@ Status ForwardOn(const AttentionParams& p, const Host& host, const KernelChoice&
   if (p.layout == nullptr) {
     run_tasks(host, tasks, &plan, ForwardTask<T, IO>);
   } else {
-    // 8 runs a thread: YLG's heads cost differently (its floor heads more than its repetitive
-    // ones), and one contiguous range a thread would leave one thread the costlier heads of a
-    // staged run (row_staging-inl.h).
+    // 8 runs a thread: YLG's floor and repetitive heads cost differently, and one contiguous
+    // range a thread would leave one thread the costlier heads of a staged run
+    // (row_staging-inl.h).
     run_task_chunks(host, tasks, tasks / (8 * threads), &plan, SparseForwardTask<T, IO>);
   }
   return Status::Ok();

@@ -3,10 +3,9 @@
 // keys it newly reaches, summing dK and dV in the planes, and writing each key out once no later
 // band of the segment reaches it; keys around a segment boundary are summed by both segments
 // apart and added by a last pass, so segments need no phases. Whole heads packed at once (7.2 MB
-// at 128x128, E = Ev = 16) would not stay in L2 (on an Intel Xeon, two threads, streaming ran
-// a 15-offset diamond's backward at 128x128 1.1-1.4x as fast). Bands of one block row (the L2
-// rule's choice at 144 px and wider) made the scatter slower, for a reason not found (not the
-// planes' row length, their alignment or the scratch's place), so bands hold two block rows at
+// at 128x128, E = Ev = 16) would not stay in L2 (on an Intel Xeon, two threads, streaming runs
+// a 15-offset diamond's backward at 128x128 1.1-1.4x as fast). Bands of one block row (what the
+// L2 rule picks at 144 px and wider) make the scatter slower, so bands hold two block rows at
 // least.
 // Included once per SIMD target by foreach_target.h (hence the toggle guard below).
 

@@ -194,8 +194,8 @@ Status WholeHeadBackward(const AttentionBackwardParams& bp, const Host& host,
   // Bands r and r + P reach disjoint keys when (P - 1) bands span off_max - off_min. P depends
   // on the problem only, never on the thread count, so that every thread count sums each key's
   // terms in the same order. P = 3 phases: a 128x128 head under a 15x15 window then has 18
-  // bands (6 per phase, 3 rounds of 2 threads each) where P = 2 gave 10 of twice the size (5 per
-  // phase: a round with one thread idle).
+  // bands (6 per phase, 3 rounds of 2 threads each) where P = 2 would give 10 of twice the size
+  // (5 per phase: a round with one thread idle).
   plan.phases = 3;
   plan.stream_grads = stream_grads;
   plan.band_vectors = std::max<std::int64_t>(

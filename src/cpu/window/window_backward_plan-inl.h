@@ -47,7 +47,7 @@ struct WindowBackwardPlan {
   std::int64_t group_first = 0;   // the (b, h) pairs packed now: group_first ..
   std::int64_t group_size = 0;
   std::int64_t phase = 0;         // the bands running now: phase, phase + P, ...
-  bool stream_grads = false;      // dK and dV past the caches (cpu/result_stores.h)
+  bool stream_grads = false;      // dK and dV past the caches (common/result_stores.h)
 
   // Bands of one head in `phase`.
   std::int64_t bands_in(std::int64_t ph) const { return (bands - ph + phases - 1) / phases; }
@@ -156,7 +156,7 @@ struct StreamBackwardPlan {
   std::int64_t bands;                  // per head
   std::int64_t bands_per_segment, segments;
   std::int64_t span;
-  bool stream_grads = false;  // dQ, dK and dV past the caches (cpu/result_stores.h)
+  bool stream_grads = false;  // dQ, dK and dV past the caches (common/result_stores.h)
   // Planes and scratch for the threads that run segments: at most one a task, however many
   // threads the host has (64 threads would otherwise hold 64 x 4.5 MB of planes at 256x256,
   // E = Ev = 16, for the 8 tasks of 4 heads). A thread claims its slot at its first task.

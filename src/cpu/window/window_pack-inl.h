@@ -163,7 +163,8 @@ HWY_INLINE void StreamKeys(const AttentionParams& p, const WindowGeometry<T>& g,
 
 // dst[n * stride[2] + e * stride[3]] = src[e * ld + n - n0] for positions [n0, n1) and rows
 // e < width: rows of positions, as the packed planes hold them, back into one head's (positions,
-// width) slice of dK or dV (dst at (b, h, 0, 0)); stream: past the caches (result_stores.h).
+// width) slice of dK or dV (dst at (b, h, 0, 0)); stream: past the caches
+// (common/result_stores.h).
 template <typename T, typename IO>
 HWY_INLINE void WriteRows(const T* src, size_t ld, std::int64_t n0, std::int64_t n1,
                           std::int64_t width, IO* dst, const std::int64_t* stride, bool stream) {

@@ -71,10 +71,9 @@ struct BlockWalk {
 };
 
 // Packed heads share one buffer of at most this many bytes, or one head where a head is larger
-// (forward: 3.3 MB a head at 128x128 with E = Ev = 16, 13.3 MB at 256x256; backward, with 3 E
-// + 3 Ev + 2 rows: 7.2 and 28.5 MB): transient workspace of O(N (E + Ev)). The backward's
-// buffer at two 128x128 heads (16 MiB) lifted a training step's peak memory above global
-// attention's (30.1 against 21.6 MiB).
+// (the backward's 3 E + 3 Ev + 2 rows: 7.2 MB a head at 128x128 with E = Ev = 16): transient
+// workspace of O(N (E + Ev)). A buffer of two such heads would lift a training step's peak
+// memory above global attention's.
 constexpr size_t kPackBudgetBytes = size_t{8} << 20;
 constexpr std::int64_t kPackChunk = 1024;  // positions per packing task
 
