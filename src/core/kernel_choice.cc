@@ -21,20 +21,6 @@ std::string format(const char* fmt, double a, double b = 0.0, double c = 0.0) {
   return buf;
 }
 
-const char* dtype_label(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return "float32";
-    case DType::kFloat64:
-      return "float64";
-    case DType::kBFloat16:
-      return "bfloat16";
-    case DType::kFloat16:
-      return "float16";
-  }
-  return "unknown";
-}
-
 // (query, key) pairs the window kernels compute for one head, and the pairs the window allows.
 void window_pairs(const WindowOffsets& w, double* computed, double* allowed) {
   *computed = static_cast<double>(w.count) * static_cast<double>(w.height * w.width);
@@ -238,7 +224,7 @@ KernelChoice choose_forward(const AttentionParams& p, const Host& host, bool wit
       // Heads wider than 256 were not measured on the lanes.
       std::string lanes_refused;
       if (p.dtype != DType::kFloat32) {
-        lanes_refused = std::string(dtype_label(p.dtype)) + " inputs: the query lanes take float32";
+        lanes_refused = std::string(dtype_name(p.dtype)) + " inputs: the query lanes take float32";
       } else if (p.dim_qk > 256 || p.dim_v > 256) {
         lanes_refused = format("E = %.0f, Ev = %.0f: the query lanes take heads up to 256 wide",
                                static_cast<double>(p.dim_qk), static_cast<double>(p.dim_v));
