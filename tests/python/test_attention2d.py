@@ -5,6 +5,7 @@ awkward sizes; YLG on square and non-square grids; gradcheck; float32 under the 
 from __future__ import annotations
 
 import itertools
+import math
 import random
 
 import pytest
@@ -368,3 +369,23 @@ def test_raw_window_op_refuses_bad_offsets():
     with pytest.raises(ValueError, match="lse"):
         torch.ops.attn2d.attention2d_window_backward(out, q, k, v, out, lse[..., :5], good, 6, 6,
                                                      0.5)
+
+
+@pytest.mark.parametrize("pattern", [None, Window(5), Window(3, border="shift"), YLG(4)],
+                         ids=["global", "window", "shift", "ylg"])
+def test_scale_argument_scales_the_scores(pattern):
+    torch.manual_seed(0)
+    ylg = isinstance(pattern, YLG)
+    heads, q_hw, kv_hw = (4, (8, 8), (4, 4)) if ylg else (2, (7, 9), (7, 9))
+    q = torch.randn(1, heads, *q_hw, 6, dtype=torch.float64)
+    k = torch.randn(1, heads, *kv_hw, 6, dtype=torch.float64)
+    v = torch.randn(1, heads, *kv_hw, 5, dtype=torch.float64)
+    mask = None if pattern is None else pattern.dense_mask(q_hw, kv_hw)
+    for scale in (0.37, 2.5):
+        out = attn2d.attention2d(q, k, v, pattern=pattern, scale=scale)
+        expect = naive_attention(q.flatten(2, 3), k.flatten(2, 3), v.flatten(2, 3),
+                                 attn_mask=mask, scale=scale).unflatten(2, q_hw)
+        assert max_err(out, expect) < 1e-12
+    default = attn2d.attention2d(q, k, v, pattern=pattern)
+    assert max_err(default, attn2d.attention2d(q, k, v, pattern=pattern, scale=1.0 / math.sqrt(6))) == 0
+    assert max_err(default, attn2d.attention2d(q, k, v, pattern=pattern, scale=0.37)) > 1e-3

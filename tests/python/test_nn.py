@@ -20,7 +20,7 @@ from module_references import (
     RefMultiheadSelfAttention2d,
     RefSelfAttention2d,
 )
-from reference import max_err
+from reference import max_err, naive_attention
 
 
 def _randomize(module: torch.nn.Module) -> None:
@@ -157,6 +157,20 @@ def test_vit_attention_matches_reference(kwargs, dtype):
     torch.manual_seed(0)
     ours, ref = _pair(ann.Attention, RefAttention, 48, **kwargs)
     compare(ours, ref, [torch.randn(3, 50, 48)], dtype)
+
+
+def test_vit_attention_takes_timm_blocks_mask_and_causal_arguments():
+    torch.manual_seed(0)
+    ours = ann.Attention(24, num_heads=3).double()
+    x = torch.randn(2, 11, 24, dtype=torch.float64)
+    mask = torch.rand(11, 11) > 0.3
+    q, k, v = (t.unflatten(-1, (3, 8)).transpose(1, 2) for t in ours.qkv(x).chunk(3, dim=-1))
+    for kwargs in (dict(is_causal=True), dict(attn_mask=mask),
+                   dict(attn_mask=mask, is_causal=True)):
+        expect = naive_attention(q, k, v, **kwargs).transpose(1, 2).flatten(2)
+        assert max_err(ours(x, **kwargs), ours.proj(expect)) < 1e-12
+    with pytest.raises(TypeError, match="is_causal"):
+        ours(x, is_causal=1)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])

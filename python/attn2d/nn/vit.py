@@ -51,11 +51,14 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim, bias=proj_bias)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
+                is_causal: bool = False) -> torch.Tensor:
+        """x (B, N, C); attn_mask and is_causal as in scaled_dot_product_attention (timm's
+        Block passes both)."""
         c.check_tokens_input(self._name, "x", x, self.dim)
         q, k, v = (c.tokens_to_heads(t, self.num_heads) for t in self.qkv(x).chunk(3, dim=-1))
         q, k = self.q_norm(q), self.k_norm(k)
-        o = attention(q, k, v, attn_mask=attn_mask, scale=self.scale)
+        o = attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=self.scale)
         return self.proj_drop(self.proj(c.heads_to_tokens(o)))
 
 
