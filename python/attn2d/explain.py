@@ -87,12 +87,12 @@ def explain(
         if attn_mask is not None or is_causal:
             raise ValueError(f"{fn}: attn_mask and is_causal apply to 4-D (B, H, L, E) inputs "
                              "(attn2d.attention), not to 5-D grids (attn2d.attention2d)")
-        height, width = q.shape[2], q.shape[3]
-        kv_hw = tuple(k.shape[2:4]) if isinstance(k, torch.Tensor) and k.dim() == 5 else None
-        q, k, v, scale, layout, offsets = _resolve_pattern(fn, q, k, v, pattern, scale)
+        r = _resolve_pattern(fn, q, k, v, pattern, scale)
+        q, k, v, scale, layout, offsets = r.q, r.k, r.v, r.scale, r.layout, r.offsets
+        height, width = r.q_hw
         if layout is not None:
             # A clip window on one grid that the window kernels refused: the chooser says why.
-            offsets = _layout.window_offsets_on_grid(pattern, (height, width), kv_hw)
+            offsets = _layout.window_offsets_on_grid(pattern, r.q_hw, r.kv_hw)
     elif pattern is not None:
         raise ValueError(f"{fn}: a pattern needs 5-D grids q (B, heads, Hq, Wq, E), k and v; "
                          f"got q of shape {tuple(getattr(q, 'shape', ()))}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -77,10 +77,24 @@ def _window_offsets(pattern, q_hw, kv_hw):
     return _layout.window_offsets(pattern, q_hw, kv_hw)
 
 
-def _resolve_pattern(fn, q, k, v, pattern, scale):
-    """Checks attention2d's inputs and returns q, k, v as (B, heads, N, width) views, the
-    scale, and the pattern's forms for the kernels: (layout, offsets), each None where absent.
-    Offsets are given only where the window kernels serve the pattern (the core's rule)."""
+class _Resolved(NamedTuple):
+    """attention2d's inputs as the kernels take them: q, k, v as (B, heads, N, width) views,
+    the scale (None: the default, for a global call), the pattern's layout and window offsets
+    (each None where absent; offsets only where the window kernels serve the pattern, by the
+    core's rule), and the query and key grids."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    scale: Optional[float]
+    layout: Optional[list]
+    offsets: Optional[torch.Tensor]
+    q_hw: tuple[int, int]
+    kv_hw: tuple[int, int]
+
+
+def _resolve_pattern(fn, q, k, v, pattern, scale) -> _Resolved:
+    """Checks attention2d's inputs (errors name `fn`) and resolves them (_Resolved)."""
     _check_grid_tensor(fn, "q", q, "(B, heads, Hq, Wq, E)")
     _check_grid_tensor(fn, "k", k, "(B, heads, Hk, Wk, E)")
     _check_grid_tensor(fn, "v", v, "(B, heads, Hk, Wk, Ev)")
@@ -88,11 +102,10 @@ def _resolve_pattern(fn, q, k, v, pattern, scale):
         raise ValueError(
             f"{fn}: v's grid {tuple(v.shape[2:4])} must equal k's grid {tuple(k.shape[2:4])}"
         )
-    H, Hq, Wq = q.shape[1], q.shape[2], q.shape[3]
-    Hk, Wk = k.shape[2], k.shape[3]
+    H, q_hw, kv_hw = q.shape[1], tuple(q.shape[2:4]), tuple(k.shape[2:4])
     q4, k4, v4 = q.flatten(2, 3), k.flatten(2, 3), v.flatten(2, 3)
     if pattern is None:
-        return q4, k4, v4, scale, None, None
+        return _Resolved(q4, k4, v4, scale, None, None, q_hw, kv_hw)
     from . import patterns as _patterns
 
     if not isinstance(pattern, (_patterns.Window, _patterns.YLG)):
@@ -100,13 +113,12 @@ def _resolve_pattern(fn, q, k, v, pattern, scale):
             f"{fn}: pattern must be None, attn2d.patterns.Window or attn2d.patterns.YLG; "
             f"got {type(pattern).__name__}"
         )
-    pattern.check((Hq, Wq), (Hk, Wk), H)
+    pattern.check(q_hw, kv_hw, H)
     _checks.check_attention(fn, q4, k4, v4, None)
     scale = _checks.resolve_scale(fn, scale, q.shape[-1])
-    offsets = _window_offsets(pattern, (Hq, Wq), (Hk, Wk))
-    if offsets is not None:
-        return q4, k4, v4, scale, None, offsets
-    return q4, k4, v4, scale, _sparse_layout(pattern, (Hq, Wq), (Hk, Wk), H), None
+    offsets = _window_offsets(pattern, q_hw, kv_hw)
+    layout = None if offsets is not None else _sparse_layout(pattern, q_hw, kv_hw, H)
+    return _Resolved(q4, k4, v4, scale, layout, offsets, q_hw, kv_hw)
 
 
 def attention2d(
@@ -127,14 +139,15 @@ def attention2d(
     """
     fn = "attn2d.attention2d"
     q, k, v = _autocast_inputs(q, k, v)
-    q4, k4, v4, scale, layout, offsets = _resolve_pattern(fn, q, k, v, pattern, scale)
-    Hq, Wq = q.shape[2], q.shape[3]
-    if offsets is not None:
-        out, _ = torch.ops.attn2d.attention2d_window_forward(q4, k4, v4, offsets, Hq, Wq, scale)
-    elif layout is not None:
+    r = _resolve_pattern(fn, q, k, v, pattern, scale)
+    if r.offsets is not None:
+        out, _ = torch.ops.attn2d.attention2d_window_forward(r.q, r.k, r.v, r.offsets, *r.q_hw,
+                                                             r.scale)
+    elif r.layout is not None:
         from . import _layout
 
-        out, _ = torch.ops.attn2d.attention2d_forward(q4, k4, v4, layout, _layout.BLOCK_Q, scale)
+        out, _ = torch.ops.attn2d.attention2d_forward(r.q, r.k, r.v, r.layout, _layout.BLOCK_Q,
+                                                      r.scale)
     else:
-        out = attention(q4, k4, v4, scale=scale)
-    return out.unflatten(2, (Hq, Wq))
+        out = attention(r.q, r.k, r.v, scale=r.scale)
+    return out.unflatten(2, r.q_hw)

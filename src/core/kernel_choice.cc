@@ -15,9 +15,10 @@
 namespace attn2d {
 namespace {
 
-std::string format(const char* fmt, double a, double b = 0.0, double c = 0.0) {
-  char buf[256];
-  std::snprintf(buf, sizeof(buf), fmt, a, b, c);
+template <typename... Args>
+std::string format(const char* fmt, Args... args) {
+  char buf[384];
+  std::snprintf(buf, sizeof(buf), fmt, args...);
   return buf;
 }
 
@@ -72,8 +73,9 @@ Products tiled_products(DType dtype, std::string* reason) {
   return pairs ? Products::kBf16Pairs : Products::kWidened;
 }
 
-void refuse(KernelChoice* c, bool with_reasons, Kernel kernel, std::string reason) {
-  if (with_reasons) c->refused.push_back({kernel, std::move(reason)});
+// Takes the reason as a pointer so that a call without reasons builds no string.
+void refuse(KernelChoice* c, bool with_reasons, Kernel kernel, const char* reason) {
+  if (with_reasons) c->refused.push_back({kernel, reason});
 }
 
 // Blocks of query vectors one pixel row apart where the window's geometry allows them: the same
@@ -108,11 +110,13 @@ Kernel choose_family(const AttentionParams& p, bool with_reasons, KernelChoice* 
       if (with_reasons) {
         double computed, allowed;
         window_pairs(*p.window, &computed, &allowed);
-        c->reason = format("a clip window of %.0f offsets on one %.0fx", p.window->count,
-                           p.window->height) +
-                    format("%.0f grid: 16 neighbouring queries a vector share each offset's "
-                           "raster distance; it computes %.2fx the allowed pairs",
-                           p.window->width, allowed > 0 ? computed / allowed : 0.0);
+        c->reason = format("a clip window of %lld offsets on one %lldx%lld grid: 16 neighbouring "
+                           "queries a vector share each offset's raster distance; it computes "
+                           "%.2fx the allowed pairs",
+                           static_cast<long long>(p.window->count),
+                           static_cast<long long>(p.window->height),
+                           static_cast<long long>(p.window->width),
+                           allowed > 0 ? computed / allowed : 0.0);
         if (!window_refused.empty()) c->reason += " (no layout was given for the tiles)";
         refuse(c, with_reasons, Kernel::kSparseTiles,
                "the window kernel computes fewer pairs than 8x8 tiles (about 1.05x the allowed "
@@ -127,13 +131,13 @@ Kernel choose_family(const AttentionParams& p, bool with_reasons, KernelChoice* 
            "no window offsets: only a \"clip\" Window with queries and keys on one grid has them "
            "(pooled keys, border \"shift\" and YLG run on a layout)");
   }
-  if (!window_refused.empty()) refuse(c, with_reasons, Kernel::kWindow, window_refused);
+  if (!window_refused.empty()) refuse(c, with_reasons, Kernel::kWindow, window_refused.c_str());
   if (p.layout != nullptr) {
     if (with_reasons) {
-      c->reason = format("a block-sparse layout of %.0fx%.0f tiles: only the tile pairs that hold "
+      c->reason = format("a block-sparse layout of %lldx%lld tiles: only the tile pairs that hold "
                          "an allowed (query, key) pair are visited, masked by one bit a pair",
-                         static_cast<double>(p.layout->block_q),
-                         static_cast<double>(p.layout->block_k));
+                         static_cast<long long>(p.layout->block_q),
+                         static_cast<long long>(p.layout->block_k));
       refuse(c, with_reasons, Kernel::kDenseTiles,
              "a pattern is given: dense tiles would compute every pair");
     }
@@ -201,9 +205,9 @@ std::string window_kernel_refusal(const WindowOffsets& window) {
   window_pairs(window, &computed, &allowed);
   if (computed <= 2.0 * allowed) return std::string();
   return format("the window kernel would compute %.2fx the allowed pairs (every offset for every "
-                "query; most fall outside the %.0fx",
-                computed / allowed, static_cast<double>(window.height)) +
-         format("%.0f grid): above 2x the tiles waste less", static_cast<double>(window.width));
+                "query; most fall outside the %lldx%lld grid): above 2x the tiles waste less",
+                computed / allowed, static_cast<long long>(window.height),
+                static_cast<long long>(window.width));
 }
 
 KernelChoice choose_forward(const AttentionParams& p, const Host& host, bool with_reasons) {
@@ -222,26 +226,25 @@ KernelChoice choose_forward(const AttentionParams& p, const Host& host, bool wit
     c.products = tiled_products(p.dtype, with_reasons ? &products_reason : nullptr);
     if (c.kernel == Kernel::kSparseTiles) {
       // Heads wider than 256 were not measured on the lanes.
-      std::string lanes_refused;
-      if (p.dtype != DType::kFloat32) {
-        lanes_refused = std::string(dtype_name(p.dtype)) + " inputs: the query lanes take float32";
-      } else if (p.dim_qk > 256 || p.dim_v > 256) {
-        lanes_refused = format("E = %.0f, Ev = %.0f: the query lanes take heads up to 256 wide",
-                               static_cast<double>(p.dim_qk), static_cast<double>(p.dim_v));
-      }
-      if (lanes_refused.empty()) {
+      const bool float32 = p.dtype == DType::kFloat32;
+      const bool narrow = p.dim_qk <= 256 && p.dim_v <= 256;
+      if (float32 && narrow) {
         c.kernel = Kernel::kQueryLanes;
         if (with_reasons) {
-          c.reason = format("a float32 block-sparse layout with E = %.0f, Ev = %.0f (up to 256): "
+          c.reason = format("a float32 block-sparse layout with E = %lld, Ev = %lld (up to 256): "
                             "16 queries along the vector lanes keep their softmax state in "
                             "lanes, skip keys outside every lane's mask and pack no key tile",
-                            static_cast<double>(p.dim_qk), static_cast<double>(p.dim_v));
+                            static_cast<long long>(p.dim_qk), static_cast<long long>(p.dim_v));
           refuse(&c, with_reasons, Kernel::kSparseTiles,
                  "can run; the query lanes compute fewer masked pairs (1.05x the allowed pairs "
                  "of YLG's floor heads against 1.23x)");
         }
-      } else {
-        refuse(&c, with_reasons, Kernel::kQueryLanes, lanes_refused);
+      } else if (with_reasons) {
+        const std::string why =
+            !float32 ? format("%s inputs: the query lanes take float32", dtype_name(p.dtype))
+                     : format("E = %lld, Ev = %lld: the query lanes take heads up to 256 wide",
+                              static_cast<long long>(p.dim_qk), static_cast<long long>(p.dim_v));
+        refuse(&c, with_reasons, Kernel::kQueryLanes, why.c_str());
       }
     } else {
       refuse(&c, with_reasons, Kernel::kQueryLanes, "no block-sparse layout: the query lanes "
@@ -269,22 +272,11 @@ KernelChoice choose_backward(const AttentionParams& p, const Host& host, bool wi
   const bool dbl = p.dtype == DType::kFloat64;
   const cpu::BackwardTiling t = cpu::plan_backward_tiling(
       p, host.num_threads, cpu::vector_lanes(dbl), dbl ? sizeof(double) : sizeof(float));
-  switch (t.schedule) {
-    case cpu::BackwardSchedule::kWholeHeads:
-      c.schedule = Schedule::kWholeHeads;
-      break;
-    case cpu::BackwardSchedule::kKeyTileGroups:
-      c.schedule = Schedule::kKeyTileGroups;
-      break;
-    case cpu::BackwardSchedule::kTwoPasses:
-      c.schedule = Schedule::kTwoPasses;
-      break;
-  }
+  c.schedule = t.schedule;
   if (with_reasons) {
     c.reason += std::string("; ") + schedule_name(c.schedule) +
-                format(": the cheapest schedule by its cost model for %.0f heads on %.0f threads",
-                       static_cast<double>(p.batch * p.heads),
-                       static_cast<double>(std::max(host.num_threads, 1)));
+                format(": the cheapest schedule by its cost model for %lld heads on %d threads",
+                       static_cast<long long>(p.batch * p.heads), std::max(host.num_threads, 1));
     if (!products_reason.empty()) c.reason += "; " + products_reason;
   }
   return c;

@@ -48,19 +48,19 @@ TEST(Tiling, BackwardScheduleKeepsEveryThreadBusy) {
   const std::size_t share = 4096 * 16;  // len_q 4096, E_pad 16
   // One thread: whole heads, always.
   EXPECT_EQ(choose_backward_schedule(1, 1, 8, 64, 8, share, 4, 256 * kMiB),
-            BackwardSchedule::kWholeHeads);
+            Schedule::kWholeHeads);
   // SAGAN (one head) on two threads: its 8 key-tile groups split evenly.
   EXPECT_EQ(choose_backward_schedule(1, 2, 8, 64, 8, share, 4, 256 * kMiB),
-            BackwardSchedule::kKeyTileGroups);
+            Schedule::kKeyTileGroups);
   // ViT-B (12 heads) on two threads: whole heads.
   EXPECT_EQ(choose_backward_schedule(12, 2, 64, 64, 4, 1024 * 64, 4, 256 * kMiB),
-            BackwardSchedule::kWholeHeads);
+            Schedule::kWholeHeads);
   // One head of one key tile on four threads: only two passes split it.
   EXPECT_EQ(choose_backward_schedule(1, 4, 8, 64, 1, share, 4, 256 * kMiB),
-            BackwardSchedule::kTwoPasses);
+            Schedule::kTwoPasses);
   // Shares over the cap: two passes, which need none.
   EXPECT_EQ(choose_backward_schedule(1, 2, 8, 64, 8, share, 4, share * 4),
-            BackwardSchedule::kTwoPasses);
+            Schedule::kTwoPasses);
   EXPECT_EQ(backward_dq_groups(1), 1);
   EXPECT_EQ(backward_dq_groups(3), 3);
   EXPECT_EQ(backward_dq_groups(100), 8);

@@ -32,10 +32,10 @@ std::int64_t backward_dq_groups(std::int64_t k_tiles) {
   return std::clamp<std::int64_t>(k_tiles, 1, 8);
 }
 
-BackwardSchedule choose_backward_schedule(std::int64_t slices, int threads, std::int64_t dim_qk,
-                                          std::int64_t dim_v, std::int64_t dq_groups,
-                                          std::size_t share_elems, std::size_t elem_bytes,
-                                          std::size_t max_share_bytes) {
+Schedule choose_backward_schedule(std::int64_t slices, int threads, std::int64_t dim_qk,
+                                  std::int64_t dim_v, std::int64_t dq_groups,
+                                  std::size_t share_elems, std::size_t elem_bytes,
+                                  std::size_t max_share_bytes) {
   threads = std::max(threads, 1);
   const double t = threads, E = static_cast<double>(dim_qk), Ev = static_cast<double>(dim_v);
   // Multiply-adds per (query, key) pair: one pass does Q*K^T (E), dO*V^T (Ev), dV (Ev), dK (E)
@@ -55,11 +55,11 @@ BackwardSchedule choose_backward_schedule(std::int64_t slices, int threads, std:
   const bool heads_fit = 2.0 * t * share_bytes <= static_cast<double>(max_share_bytes);
   const bool groups_fit = static_cast<double>(slices * dq_groups) * share_bytes <=
                           static_cast<double>(max_share_bytes);
-  BackwardSchedule best = BackwardSchedule::kTwoPasses;
+  Schedule best = Schedule::kTwoPasses;
   double best_cost = two_passes;
-  if (groups_fit && groups < best_cost) best = BackwardSchedule::kKeyTileGroups, best_cost = groups;
+  if (groups_fit && groups < best_cost) best = Schedule::kKeyTileGroups, best_cost = groups;
   // Whole heads win ties: no shared buffer and no final sum.
-  if (heads_fit && whole_heads <= best_cost) best = BackwardSchedule::kWholeHeads;
+  if (heads_fit && whole_heads <= best_cost) best = Schedule::kWholeHeads;
   return best;
 }
 

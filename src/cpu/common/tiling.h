@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "attn2d/kernel_choice.h"
+
 namespace attn2d {
 namespace cpu {
 
@@ -18,19 +20,17 @@ struct TileSizes {
 TileSizes choose_tiles(std::int64_t len_q, std::int64_t len_k, std::int64_t dim_qk,
                        std::int64_t dim_v, std::size_t elem_bytes, std::size_t granule);
 
-// How the backward is split into tasks (tiled/tiled_backward.cc explains each); all give
-// bitwise-equal results, so the choice is free to depend on the thread count.
-enum class BackwardSchedule { kWholeHeads, kKeyTileGroups, kTwoPasses };
-
 // Key-tile groups of the backward's dQ sum: up to 8, a function of the problem only.
 std::int64_t backward_dq_groups(std::int64_t k_tiles);
 
-// The cheapest schedule whose dQ buffers fit in max_share_bytes; slices = batch * heads,
-// share_elems = len_q * E_pad (one (batch, head) slice's dQ share).
-BackwardSchedule choose_backward_schedule(std::int64_t slices, int threads, std::int64_t dim_qk,
-                                          std::int64_t dim_v, std::int64_t dq_groups,
-                                          std::size_t share_elems, std::size_t elem_bytes,
-                                          std::size_t max_share_bytes);
+// The tiled backward's cheapest schedule (Schedule::kWholeHeads, kKeyTileGroups or kTwoPasses,
+// tiled/tiled_backward.cc explains each) whose dQ buffers fit in max_share_bytes; slices =
+// batch * heads, share_elems = len_q * E_pad (one (batch, head) slice's dQ share). All give
+// bitwise-equal results, so the choice is free to depend on the thread count.
+Schedule choose_backward_schedule(std::int64_t slices, int threads, std::int64_t dim_qk,
+                                  std::int64_t dim_v, std::int64_t dq_groups,
+                                  std::size_t share_elems, std::size_t elem_bytes,
+                                  std::size_t max_share_bytes);
 
 inline std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
 // floor(x / m) for m > 0 and x of either sign (C++ division truncates toward zero).

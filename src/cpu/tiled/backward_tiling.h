@@ -22,7 +22,7 @@ struct BackwardTiling {
   std::int64_t k_tiles = 0;    // key tiles of a slice
   std::int64_t dq_groups = 1;  // key-tile groups of the dQ sum
   std::size_t share_rows = 0;  // rows of one slice's dQ share
-  BackwardSchedule schedule = BackwardSchedule::kWholeHeads;
+  Schedule schedule = Schedule::kWholeHeads;  // the cheapest (choose_backward_schedule)
 };
 
 // lanes: the compute type's vector lanes on the dispatched SIMD target; elem_bytes: its size.

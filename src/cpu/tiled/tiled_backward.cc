@@ -258,24 +258,16 @@ Status Backward(const AttentionBackwardParams& bp, const Host& host, const Kerne
   plan.dq_groups = tiling.dq_groups;
   // The kernel chooser's schedule (plan_backward_tiling's, reported by attn2d.explain); every
   // schedule gives the same bits.
-  BackwardSchedule schedule = tiling.schedule;
-  switch (choice.schedule) {
-    case Schedule::kWholeHeads:
-      schedule = BackwardSchedule::kWholeHeads;
-      break;
-    case Schedule::kKeyTileGroups:
-      schedule = BackwardSchedule::kKeyTileGroups;
-      break;
-    case Schedule::kTwoPasses:
-      schedule = BackwardSchedule::kTwoPasses;
-      break;
-    default:
-      break;
+  const Schedule schedule = choice.schedule;
+  if (schedule != Schedule::kWholeHeads && schedule != Schedule::kKeyTileGroups &&
+      schedule != Schedule::kTwoPasses) {
+    return Status::Unsupported(std::string("the tiled backward has no schedule \"") +
+                               schedule_name(schedule) + "\"");
   }
   size_t share_total = 0;
-  if (schedule == BackwardSchedule::kWholeHeads) {
+  if (schedule == Schedule::kWholeHeads) {
     share_total = static_cast<size_t>(threads) * (plan.dq_groups > 1 ? 2 : 1) * share_elems;
-  } else if (schedule == BackwardSchedule::kKeyTileGroups) {
+  } else if (schedule == Schedule::kKeyTileGroups) {
     share_total = static_cast<size_t>(slices * plan.dq_groups) * share_elems;
   }
   const bool sparse = p.layout != nullptr;
@@ -285,7 +277,7 @@ Status Backward(const AttentionBackwardParams& bp, const Host& host, const Kerne
   // 400 MiB on AVX-512); the bf16 products pack pairs at each visit instead.
   const size_t gather_elems = static_cast<size_t>(threads) * plan.share_rows *
                               (plan.dim_qk_pad + plan.dim_v_pad + 2);
-  const bool gather = sparse && schedule != BackwardSchedule::kTwoPasses && !plan.native_bf16 &&
+  const bool gather = sparse && schedule != Schedule::kTwoPasses && !plan.native_bf16 &&
                       gather_elems * sizeof(T) <= kMaxShareBytes;
   const size_t gathered_elems = gather ? gather_elems : 0;
   // Channels-first views in those schedules: each thread copies its slice's rows first
@@ -317,18 +309,20 @@ Status Backward(const AttentionBackwardParams& bp, const Host& host, const Kerne
   if (staging_total > 0) plan.staging = plan.deltas + delta_elems;
   run_tasks(host, slices * plan.sum_chunks, &plan, DeltaTask<T, IO>);
   switch (schedule) {
-    case BackwardSchedule::kWholeHeads:
+    case Schedule::kWholeHeads:
       run_tasks(host, slices, &plan, HeadTask<T, IO>);
       break;
-    case BackwardSchedule::kKeyTileGroups:
+    case Schedule::kKeyTileGroups:
       run_tasks(host, slices * plan.dq_groups, &plan, GroupTask<T, IO>);
       run_tasks(host, slices * plan.share_chunks(), &plan, GroupSumTask<T, IO>);
       break;
-    case BackwardSchedule::kTwoPasses:
+    case Schedule::kTwoPasses:
       run_tasks(host, slices * plan.k_tiles, &plan,
                 sparse ? SparseKeyTileTask<T, IO> : KeyTileTask<T, IO>);
       run_tasks(host, slices * plan.q_tiles, &plan,
                 sparse ? SparseQueryTileTask<T, IO> : QueryTileTask<T, IO>);
+      break;
+    default:  // refused above
       break;
   }
   return Status::Ok();
