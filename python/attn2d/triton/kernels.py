@@ -1,0 +1,330 @@
+"""Triton kernels of exact softmax attention in the FlashAttention-2 style: the forward keeps a
+running max and sum per query row and saves the log-sum-exp; the backward recomputes P from it
+in two kernels, one owning a key tile (dK, dV) and one a query tile (dQ), so every gradient row
+is written by one program and the result is deterministic (no atomics).
+
+One set of kernels serves both shapes of work:
+- dense (HAS_LAYOUT=False): tiles are runs of BLOCK_M queries and BLOCK_N keys; a bool or
+  additive mask read through its strides (0 where it broadcasts) and is_causal restrict pairs;
+- block-sparse (HAS_LAYOUT=True): tiles are the rows of a compiled pattern layout
+  (attn2d/_layout.py, the one the CPU kernels walk): each tile lists its raster rows, each
+  query tile its visited key tiles and each key tile its visiting query tiles, and a visit
+  either allows every pair or carries one 64-bit mask word per query row.
+
+Scores are kept in base 2 (qk_scale folds in log2(e)); the saved lse is natural-log, -inf for
+a row with no allowed key, whose output and gradients are 0. Head widths are padded to
+BLOCK_E/BLOCK_EV inside the kernel by masked loads."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+@triton.jit
+def _load_rows(ptr, rows, valid, cols, width, row_stride, col_stride):
+    """A (rows, BLOCK) tile gathered by raster row index; padding rows and columns read 0."""
+    offs = rows.to(tl.int64)[:, None] * row_stride + cols.to(tl.int64)[None, :] * col_stride
+    return tl.load(ptr + offs, mask=valid[:, None] & (cols[None, :] < width), other=0.0)
+
+
+@triton.jit
+def _store_rows(ptr, value, rows, valid, cols, width, row_stride, col_stride):
+    offs = rows.to(tl.int64)[:, None] * row_stride + cols.to(tl.int64)[None, :] * col_stride
+    tl.store(ptr + offs, value.to(ptr.dtype.element_ty),
+             mask=valid[:, None] & (cols[None, :] < width))
+
+
+@triton.jit
+def _scores(q, k, q_rows, q_valid, k_rows, k_valid, qk_scale,
+            mask_ptr, msq, msk, visit_mask,
+            MASK_KIND: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_VISIT_MASK: tl.constexpr):
+    """Base-2 scores of a (BLOCK_M, BLOCK_N) tile, -inf where a pair is not allowed.
+    MASK_KIND: 0 none, 1 bool (nonzero = may attend), 2 additive. mask_ptr is already offset to
+    this (batch, head); visit_mask is a layout visit's (BLOCK_M, BLOCK_N) bits."""
+    s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+    allowed = q_valid[:, None] & k_valid[None, :]
+    if IS_CAUSAL:
+        allowed = allowed & (k_rows[None, :] <= q_rows[:, None])
+    if HAS_VISIT_MASK:
+        allowed = allowed & visit_mask
+    if MASK_KIND != 0:
+        offs = q_rows.to(tl.int64)[:, None] * msq + k_rows.to(tl.int64)[None, :] * msk
+        m = tl.load(mask_ptr + offs, mask=allowed, other=0)
+        if MASK_KIND == 1:
+            allowed = allowed & (m != 0)
+        else:
+            s = s + m.to(s.dtype) * 1.4426950408889634
+    return tl.where(allowed, s, float("-inf"))
+
+
+@triton.jit
+def _visit_bits(masks_ptr, mask_index, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A layout visit's mask: bit c of query row r's 64-bit word allows key column c."""
+    words = tl.load(masks_ptr + mask_index * BLOCK_M + tl.arange(0, BLOCK_M))
+    cols = tl.arange(0, BLOCK_N).to(tl.int64)
+    return ((words[:, None] >> cols[None, :]) & 1) != 0
+
+
+@triton.jit
+def _query_tile(pid_m, h, Lq, head_layout, q_begin, q_tiles,
+                HAS_LAYOUT: tl.constexpr, BLOCK_M: tl.constexpr):
+    """(tile index in the layout or -1, raster rows, valid rows, live) of query tile pid_m."""
+    offs = tl.arange(0, BLOCK_M)
+    if HAS_LAYOUT:
+        kind = tl.load(head_layout + h)
+        first = tl.load(q_begin + kind)
+        tile = first + pid_m
+        live = tile < tl.load(q_begin + kind + 1)
+        rows = tl.load(q_tiles + tile * BLOCK_M + offs, mask=live & (offs >= 0), other=-1)
+        valid = rows >= 0
+        rows = tl.where(valid, rows, 0)
+    else:
+        tile = pid_m
+        rows = pid_m * BLOCK_M + offs
+        valid = rows < Lq
+        live = pid_m * BLOCK_M < Lq
+    return tile, rows, valid, live
+
+
+@triton.jit
+def attention_forward_kernel(
+    Q, K, V, O, LSE, MASK,
+    sqb, sqh, sql, sqe, skb, skh, skl, ske, svb, svh, svl, sve, sob, soh, sol, soe,
+    smb, smh, smq, smk,
+    H, Lq, Lk, E, Ev, qk_scale,
+    head_layout, q_begin, q_tiles, k_tiles, visit_begin, visit_tile, visit_mask, masks,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr,
+    BLOCK_EV: tl.constexpr, HAS_LAYOUT: tl.constexpr, MASK_KIND: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    tile, rows, valid, live = _query_tile(pid_m, h, Lq, head_layout, q_begin, q_tiles,
+                                          HAS_LAYOUT, BLOCK_M)
+    if live:
+        e = tl.arange(0, BLOCK_E)
+        ev = tl.arange(0, BLOCK_EV)
+        kc = tl.arange(0, BLOCK_N)
+        Qb = Q + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh
+        Kb = K + b.to(tl.int64) * skb + h.to(tl.int64) * skh
+        Vb = V + b.to(tl.int64) * svb + h.to(tl.int64) * svh
+        Mb = MASK + b.to(tl.int64) * smb + h.to(tl.int64) * smh
+        q = _load_rows(Qb, rows, valid, e, E, sql, sqe)
+        acc_dtype = tl.float64 if Q.dtype.element_ty == tl.float64 else tl.float32
+        m_i = tl.full((BLOCK_M,), float("-inf"), acc_dtype)
+        l_i = tl.zeros((BLOCK_M,), acc_dtype)
+        acc = tl.zeros((BLOCK_M, BLOCK_EV), acc_dtype)
+        if HAS_LAYOUT:
+            start = tl.load(visit_begin + tile)
+            stop = tl.load(visit_begin + tile + 1)
+        else:
+            start = 0
+            stop = tl.cdiv(Lk, BLOCK_N)
+            if IS_CAUSAL:
+                stop = tl.minimum(stop, tl.cdiv((pid_m + 1) * BLOCK_M, BLOCK_N))
+        for visit in range(start, stop):
+            if HAS_LAYOUT:
+                kt = tl.load(visit_tile + visit)
+                k_rows = tl.load(k_tiles + kt * BLOCK_N + kc)
+                k_valid = k_rows >= 0
+                k_rows = tl.where(k_valid, k_rows, 0)
+                mask_index = tl.load(visit_mask + visit)
+                bits = _visit_bits(masks, tl.maximum(mask_index, 0), BLOCK_M, BLOCK_N)
+                bits = bits | (mask_index < 0)
+            else:
+                k_rows = visit * BLOCK_N + kc
+                k_valid = k_rows < Lk
+                bits = k_valid[None, :]
+            k = _load_rows(Kb, k_rows, k_valid, e, E, skl, ske)
+            v = _load_rows(Vb, k_rows, k_valid, ev, Ev, svl, sve)
+            s = _scores(q, k, rows, valid, k_rows, k_valid, qk_scale, Mb, smq, smk, bits,
+                        MASK_KIND, IS_CAUSAL, HAS_LAYOUT)
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp2(s - m_safe[:, None])
+            alpha = tl.exp2(m_i - m_safe)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+            m_i = m_new
+        empty = l_i == 0.0
+        out = acc / tl.where(empty, 1.0, l_i)[:, None]
+        Ob = O + b.to(tl.int64) * sob + h.to(tl.int64) * soh
+        _store_rows(Ob, out, rows, valid, ev, Ev, sol, soe)
+        lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+        tl.store(LSE + bh.to(tl.int64) * Lq + rows, lse, mask=valid)
+
+
+@triton.jit
+def row_dot_kernel(O, DO, D, sob, soh, sol, soe, sdb, sdh, sdl, sde, H, Lq, Ev,
+                   BLOCK_M: tl.constexpr, BLOCK_EV: tl.constexpr):
+    """D = rowsum(dO * O) per query row, in the accumulation dtype: the backward's
+    softmax-gradient term."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    valid = rows < Lq
+    ev = tl.arange(0, BLOCK_EV)
+    o = _load_rows(O + b.to(tl.int64) * sob + h.to(tl.int64) * soh, rows, valid, ev, Ev, sol, soe)
+    do = _load_rows(DO + b.to(tl.int64) * sdb + h.to(tl.int64) * sdh, rows, valid, ev, Ev, sdl, sde)
+    acc_dtype = tl.float64 if O.dtype.element_ty == tl.float64 else tl.float32
+    d = tl.sum(o.to(acc_dtype) * do.to(acc_dtype), 1)
+    tl.store(D + bh.to(tl.int64) * Lq + rows, d, mask=valid)
+
+
+@triton.jit
+def _probabilities(s, lse):
+    """P recomputed from base-2 scores and the natural-log lse; 0 on rows with no allowed key."""
+    live = lse != float("-inf")
+    lse2 = tl.where(live, lse * 1.4426950408889634, 0.0)
+    return tl.where(live[:, None], tl.exp2(s - lse2[:, None]), 0.0)
+
+
+@triton.jit
+def attention_backward_kv_kernel(
+    Q, K, V, DO, LSE, D, DK, DV, MASK,
+    sqb, sqh, sql, sqe, skb, skh, skl, ske, svb, svh, svl, sve, sdb, sdh, sdl, sde,
+    sdkb, sdkh, sdkl, sdke, sdvb, sdvh, sdvl, sdve, smb, smh, smq, smk,
+    H, Lq, Lk, E, Ev, qk_scale, scale,
+    head_layout, q_tiles, k_begin, k_tiles, visit_begin, visit_tile, visit_mask, masks,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr,
+    BLOCK_EV: tl.constexpr, HAS_LAYOUT: tl.constexpr, MASK_KIND: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+):
+    """dK and dV of one key tile, summed over the query tiles that visit it."""
+    pid_n = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    kc = tl.arange(0, BLOCK_N)
+    if HAS_LAYOUT:
+        kind = tl.load(head_layout + h)
+        tile = tl.load(k_begin + kind) + pid_n
+        live = tile < tl.load(k_begin + kind + 1)
+        k_rows = tl.load(k_tiles + tile * BLOCK_N + kc, mask=live & (kc >= 0), other=-1)
+        k_valid = k_rows >= 0
+        k_rows = tl.where(k_valid, k_rows, 0)
+    else:
+        tile = pid_n
+        k_rows = pid_n * BLOCK_N + kc
+        k_valid = k_rows < Lk
+        live = pid_n * BLOCK_N < Lk
+    if live:
+        e = tl.arange(0, BLOCK_E)
+        ev = tl.arange(0, BLOCK_EV)
+        qr = tl.arange(0, BLOCK_M)
+        Qb = Q + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh
+        DOb = DO + b.to(tl.int64) * sdb + h.to(tl.int64) * sdh
+        Mb = MASK + b.to(tl.int64) * smb + h.to(tl.int64) * smh
+        k = _load_rows(K + b.to(tl.int64) * skb + h.to(tl.int64) * skh, k_rows, k_valid, e, E, skl, ske)
+        v = _load_rows(V + b.to(tl.int64) * svb + h.to(tl.int64) * svh, k_rows, k_valid, ev, Ev, svl, sve)
+        acc_dtype = tl.float64 if Q.dtype.element_ty == tl.float64 else tl.float32
+        dk = tl.zeros((BLOCK_N, BLOCK_E), acc_dtype)
+        dv = tl.zeros((BLOCK_N, BLOCK_EV), acc_dtype)
+        if HAS_LAYOUT:
+            start = tl.load(visit_begin + tile)
+            stop = tl.load(visit_begin + tile + 1)
+        else:
+            start = 0
+            if IS_CAUSAL:
+                start = (pid_n * BLOCK_N) // BLOCK_M
+            stop = tl.cdiv(Lq, BLOCK_M)
+        for visit in range(start, stop):
+            if HAS_LAYOUT:
+                qt = tl.load(visit_tile + visit)
+                rows = tl.load(q_tiles + qt * BLOCK_M + qr)
+                valid = rows >= 0
+                rows = tl.where(valid, rows, 0)
+                mask_index = tl.load(visit_mask + visit)
+                bits = _visit_bits(masks, tl.maximum(mask_index, 0), BLOCK_M, BLOCK_N)
+                bits = bits | (mask_index < 0)
+            else:
+                rows = visit * BLOCK_M + qr
+                valid = rows < Lq
+                bits = valid[:, None]
+            q = _load_rows(Qb, rows, valid, e, E, sql, sqe)
+            do = _load_rows(DOb, rows, valid, ev, Ev, sdl, sde)
+            lse = tl.load(LSE + bh.to(tl.int64) * Lq + rows, mask=valid, other=float("-inf"))
+            delta = tl.load(D + bh.to(tl.int64) * Lq + rows, mask=valid, other=0.0)
+            s = _scores(q, k, rows, valid, k_rows, k_valid, qk_scale, Mb, smq, smk, bits,
+                        MASK_KIND, IS_CAUSAL, HAS_LAYOUT)
+            p = _probabilities(s, lse).to(acc_dtype)
+            dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision="ieee")
+            dp = tl.dot(do, tl.trans(v), input_precision="ieee")
+            ds = p * (dp - delta[:, None])
+            dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision="ieee")
+        DKb = DK + b.to(tl.int64) * sdkb + h.to(tl.int64) * sdkh
+        DVb = DV + b.to(tl.int64) * sdvb + h.to(tl.int64) * sdvh
+        _store_rows(DKb, dk * scale, k_rows, k_valid, e, E, sdkl, sdke)
+        _store_rows(DVb, dv, k_rows, k_valid, ev, Ev, sdvl, sdve)
+
+
+@triton.jit
+def attention_backward_q_kernel(
+    Q, K, V, DO, LSE, D, DQ, MASK,
+    sqb, sqh, sql, sqe, skb, skh, skl, ske, svb, svh, svl, sve, sdb, sdh, sdl, sde,
+    sdqb, sdqh, sdql, sdqe, smb, smh, smq, smk,
+    H, Lq, Lk, E, Ev, qk_scale, scale,
+    head_layout, q_begin, q_tiles, k_tiles, visit_begin, visit_tile, visit_mask, masks,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr,
+    BLOCK_EV: tl.constexpr, HAS_LAYOUT: tl.constexpr, MASK_KIND: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+):
+    """dQ of one query tile, summed over the key tiles it visits."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    tile, rows, valid, live = _query_tile(pid_m, h, Lq, head_layout, q_begin, q_tiles,
+                                          HAS_LAYOUT, BLOCK_M)
+    if live:
+        e = tl.arange(0, BLOCK_E)
+        ev = tl.arange(0, BLOCK_EV)
+        kc = tl.arange(0, BLOCK_N)
+        Kb = K + b.to(tl.int64) * skb + h.to(tl.int64) * skh
+        Vb = V + b.to(tl.int64) * svb + h.to(tl.int64) * svh
+        Mb = MASK + b.to(tl.int64) * smb + h.to(tl.int64) * smh
+        q = _load_rows(Q + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh, rows, valid, e, E, sql, sqe)
+        do = _load_rows(DO + b.to(tl.int64) * sdb + h.to(tl.int64) * sdh, rows, valid, ev, Ev, sdl, sde)
+        lse = tl.load(LSE + bh.to(tl.int64) * Lq + rows, mask=valid, other=float("-inf"))
+        delta = tl.load(D + bh.to(tl.int64) * Lq + rows, mask=valid, other=0.0)
+        acc_dtype = tl.float64 if Q.dtype.element_ty == tl.float64 else tl.float32
+        dq = tl.zeros((BLOCK_M, BLOCK_E), acc_dtype)
+        if HAS_LAYOUT:
+            start = tl.load(visit_begin + tile)
+            stop = tl.load(visit_begin + tile + 1)
+        else:
+            start = 0
+            stop = tl.cdiv(Lk, BLOCK_N)
+            if IS_CAUSAL:
+                stop = tl.minimum(stop, tl.cdiv((pid_m + 1) * BLOCK_M, BLOCK_N))
+        for visit in range(start, stop):
+            if HAS_LAYOUT:
+                kt = tl.load(visit_tile + visit)
+                k_rows = tl.load(k_tiles + kt * BLOCK_N + kc)
+                k_valid = k_rows >= 0
+                k_rows = tl.where(k_valid, k_rows, 0)
+                mask_index = tl.load(visit_mask + visit)
+                bits = _visit_bits(masks, tl.maximum(mask_index, 0), BLOCK_M, BLOCK_N)
+                bits = bits | (mask_index < 0)
+            else:
+                k_rows = visit * BLOCK_N + kc
+                k_valid = k_rows < Lk
+                bits = k_valid[None, :]
+            k = _load_rows(Kb, k_rows, k_valid, e, E, skl, ske)
+            v = _load_rows(Vb, k_rows, k_valid, ev, Ev, svl, sve)
+            s = _scores(q, k, rows, valid, k_rows, k_valid, qk_scale, Mb, smq, smk, bits,
+                        MASK_KIND, IS_CAUSAL, HAS_LAYOUT)
+            p = _probabilities(s, lse).to(acc_dtype)
+            dp = tl.dot(do, tl.trans(v), input_precision="ieee")
+            ds = p * (dp - delta[:, None])
+            dq += tl.dot(ds.to(k.dtype), k, input_precision="ieee")
+        _store_rows(DQ + b.to(tl.int64) * sdqb + h.to(tl.int64) * sdqh, dq * scale, rows, valid,
+                    e, E, sdql, sdqe)

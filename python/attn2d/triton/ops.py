@@ -1,0 +1,158 @@
+"""attn2d's Triton kernels as torch.library operators (torch.compile traces them as user
+Triton kernels) with their autograd: the forward saves the log-sum-exp; the backward computes
+D = rowsum(dO * O), then dK/dV per key tile and dQ per query tile."""
+
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import torch
+import triton
+from torch.library import triton_op, wrap_triton
+
+from . import kernels
+
+# The block-sparse kernels read a layout compiled for 64-query by 64-key tiles (one 64-bit
+# mask word per query row); the dense kernels use the same tiles but narrower key tiles for
+# heads over 128 wide, whose four (64, width) operands would not fit in registers.
+LAYOUT_BLOCK = 64
+
+
+def _dense_block_n(width: int) -> int:
+    return 32 if width > 128 else 64
+
+
+def _padded(width: int) -> int:
+    """A head width padded for tl.dot, which needs at least 16 on every side."""
+    return max(16, triton.next_power_of_2(max(width, 1)))
+
+
+def _mask_args(attn_mask: Optional[torch.Tensor], q: torch.Tensor, Lk: int):
+    """(tensor, kind, four strides): kind 0 none, 1 bool, 2 additive; strides broadcast to
+    (B, H, Lq, Lk) with 0 where the mask has size 1 or lacks the dim."""
+    if attn_mask is None:
+        return q, 0, (0, 0, 0, 0)
+    B, H, Lq = q.shape[:3]
+    full = attn_mask.expand(B, H, Lq, Lk)
+    return attn_mask, (1 if attn_mask.dtype == torch.bool else 2), tuple(full.stride())
+
+
+@functools.lru_cache(maxsize=64)
+def device_layout(pattern, q_hw: tuple, kv_hw: tuple, heads: int, device: torch.device):
+    """A pattern's compiled layout (attn2d._layout.build) on `device`, built and copied once
+    per (pattern, grids, heads, device)."""
+    from .. import _layout
+
+    return tuple(t.to(device) for t in _layout.build(pattern, q_hw, kv_hw, heads))
+
+
+def _layout_args(layout, q):
+    """The eight layout pointers each kernel takes; for dense work any tensor stands in."""
+    if not layout:
+        return (q,) * 9
+    return tuple(layout[:9])
+
+
+def _grid_rows(layout, index: int, dense_rows: int, block: int) -> int:
+    """Programs along a grid axis: the largest tile count of any head's layout, or the dense
+    tile count."""
+    if not layout:
+        return triton.cdiv(dense_rows, block)
+    return int(layout[index].diff().max())
+
+
+@triton_op("attn2d::triton_attention_forward", mutates_args=())
+def triton_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             attn_mask: Optional[torch.Tensor], is_causal: bool, scale: float,
+                             layout: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    B, H, Lq, E = q.shape
+    Lk, Ev = k.shape[2], v.shape[3]
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    out = q.new_empty((B, H, Lq, Ev))
+    lse = q.new_empty((B, H, Lq), dtype=acc)
+    if B * H * Lq == 0:
+        return out, lse
+    mask, mask_kind, ms = _mask_args(attn_mask, q, Lk)
+    head_layout, q_begin, _, q_tiles, k_tiles, visit_begin, visit_tile, visit_mask = (
+        _layout_args(layout, q)[:8])
+    masks = layout[11] if layout else q
+    block_n = LAYOUT_BLOCK if layout else _dense_block_n(max(E, Ev))
+    grid = (_grid_rows(layout, 1, Lq, LAYOUT_BLOCK), B * H)
+    wrap_triton(kernels.attention_forward_kernel)[grid](
+        q, k, v, out, lse, mask, *q.stride(), *k.stride(), *v.stride(), *out.stride(), *ms,
+        H, Lq, Lk, E, Ev, scale * kernels.LOG2E,
+        head_layout, q_begin, q_tiles, k_tiles, visit_begin, visit_tile, visit_mask, masks,
+        BLOCK_M=LAYOUT_BLOCK, BLOCK_N=block_n, BLOCK_E=_padded(E), BLOCK_EV=_padded(Ev),
+        HAS_LAYOUT=bool(layout), MASK_KIND=mask_kind, IS_CAUSAL=is_causal)
+    return out, lse
+
+
+@triton_op("attn2d::triton_attention_backward", mutates_args=())
+def triton_attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                              v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                              attn_mask: Optional[torch.Tensor], is_causal: bool, scale: float,
+                              layout: list[torch.Tensor]
+                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    B, H, Lq, E = q.shape
+    Lk, Ev = k.shape[2], v.shape[3]
+    # Every gradient row is written by the program of its tile; zeros cover keys that no
+    # tile lists and empty shapes.
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    if B * H * Lq == 0 or Lk == 0:
+        return dq, dk, dv
+    delta = torch.empty_like(lse)
+    wrap_triton(kernels.row_dot_kernel)[(triton.cdiv(Lq, LAYOUT_BLOCK), B * H)](
+        out, grad_out, delta, *out.stride(), *grad_out.stride(), H, Lq, Ev,
+        BLOCK_M=LAYOUT_BLOCK, BLOCK_EV=_padded(Ev))
+    mask, mask_kind, ms = _mask_args(attn_mask, q, Lk)
+    (head_layout, q_begin, k_begin, q_tiles, k_tiles, visit_begin, visit_tile, visit_mask,
+     back_begin) = _layout_args(layout, q)
+    back_tile, back_mask, masks = (layout[9], layout[10], layout[11]) if layout else (q, q, q)
+    block_n = LAYOUT_BLOCK if layout else _dense_block_n(max(E, Ev))
+    common = dict(BLOCK_M=LAYOUT_BLOCK, BLOCK_N=block_n, BLOCK_E=_padded(E),
+                  BLOCK_EV=_padded(Ev), HAS_LAYOUT=bool(layout), MASK_KIND=mask_kind,
+                  IS_CAUSAL=is_causal)
+    wrap_triton(kernels.attention_backward_kv_kernel)[
+        (_grid_rows(layout, 2, Lk, block_n), B * H)](
+        q, k, v, grad_out, lse, delta, dk, dv, mask,
+        *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dk.stride(), *dv.stride(),
+        *ms, H, Lq, Lk, E, Ev, scale * kernels.LOG2E, scale,
+        head_layout, q_tiles, k_begin, k_tiles, back_begin, back_tile, back_mask, masks,
+        **common)
+    wrap_triton(kernels.attention_backward_q_kernel)[
+        (_grid_rows(layout, 1, Lq, LAYOUT_BLOCK), B * H)](
+        q, k, v, grad_out, lse, delta, dq, mask,
+        *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dq.stride(),
+        *ms, H, Lq, Lk, E, Ev, scale * kernels.LOG2E, scale,
+        head_layout, q_begin, q_tiles, k_tiles, visit_begin, visit_tile, visit_mask, masks,
+        **common)
+    return dq, dk, dv
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, attn_mask, is_causal, scale, layout = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, attn_mask, *layout)
+    ctx.is_causal, ctx.scale = is_causal, scale
+
+
+def _backward(ctx, grad_out, grad_lse):
+    q, k, v, out, lse, attn_mask, *layout = ctx.saved_tensors
+    dq, dk, dv = torch.ops.attn2d.triton_attention_backward(
+        grad_out, q, k, v, out, lse, attn_mask, ctx.is_causal, ctx.scale, layout)
+    return dq, dk, dv, None, None, None, [None] * len(layout)
+
+
+def _backward_backward(ctx, *grads):
+    raise NotImplementedError(
+        "attn2d: double backward (e.g. an R1 / gradient penalty) through attn2d's Triton "
+        "kernels is not supported yet")
+
+
+def _no_context(ctx, inputs, output):
+    pass
+
+
+triton_attention_forward.register_autograd(_backward, setup_context=_setup_context)
+triton_attention_backward.register_autograd(_backward_backward, setup_context=_no_context)
