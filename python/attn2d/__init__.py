@@ -3,6 +3,7 @@
 import torch
 
 from . import nn, patterns
+from .backends import backend_setting, use_backend
 from .explain import explain
 from .functional import attention, attention2d
 
@@ -35,6 +36,5 @@ def bf16_products() -> str:
     return torch.ops.attn2d.bf16_products()
 
 
-__all__ = ["attention", "attention2d", "bf16_products", "cpu_simd_target", "explain", "nn",
-           "patterns",
-           "set_bf16_products", "__version__"]
+__all__ = ["attention", "attention2d", "backend_setting", "bf16_products", "cpu_simd_target",
+           "explain", "nn", "patterns", "set_bf16_products", "use_backend", "__version__"]

@@ -49,12 +49,13 @@ def check_same_dtype(fn: str, tensors: Sequence[tuple[str, torch.Tensor]]) -> No
             )
 
 
-def check_cpu(fn: str, name: str, t: torch.Tensor) -> None:
-    if t.device.type != "cpu":
-        raise ValueError(
-            f"{fn}: {name} must be on the CPU (the only backend built so far); "
-            f"got a tensor on {t.device}"
-        )
+def check_on_device(fn: str, name: str, t: torch.Tensor, device: torch.device) -> None:
+    """One device for every tensor of a call, and one attn2d runs on."""
+    if t.device != device:
+        raise ValueError(f"{fn}: {name} is on {t.device} but q is on {device}; all tensors "
+                         "must be on one device")
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{fn}: {name} is on {device}; attn2d runs on CPU and CUDA tensors")
 
 
 def check_size(fn: str, name: str, t: torch.Tensor, dim: int, want: int, what: str) -> None:
@@ -108,9 +109,9 @@ def check_attention(
     check_same_dtype(fn, [("q", q), ("k", k), ("v", v)])
     if check_device:
         for name, t in (("q", q), ("k", k), ("v", v)):
-            check_cpu(fn, name, t)
+            check_on_device(fn, name, t, q.device)
         if attn_mask is not None and isinstance(attn_mask, torch.Tensor):
-            check_cpu(fn, "attn_mask", attn_mask)
+            check_on_device(fn, "attn_mask", attn_mask, q.device)
     check_size(fn, "k", k, 0, q.shape[0], "batch")
     check_size(fn, "k", k, 1, q.shape[1], "heads")
     check_size(fn, "k", k, 3, q.shape[3], "E, the query/key width")

@@ -6,22 +6,39 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from . import _checks, _ops  # noqa: F401  (_ops loads the binding and registers autograd)
+from . import _checks, _ops, backends  # noqa: F401  (_ops loads the binding)
 
 
 def _autocast_inputs(*ts):
-    """Under CPU autocast to bfloat16/float16, q, k and v are cast to that dtype (as autocast
-    does for matmul) and attention runs in the 16-bit kernels: float32 accumulation, output in
-    the autocast dtype. Float masks are left as they are (float32 masks are accepted)."""
-    if not torch.is_autocast_enabled("cpu"):
+    """Under autocast to bfloat16/float16 on the inputs' device (CPU or CUDA), q, k and v are
+    cast to that dtype (as autocast does for matmul) and attention runs in the 16-bit kernels:
+    float32 accumulation, output in the autocast dtype. Float masks are left as they are
+    (float32 masks are accepted)."""
+    first = ts[0]
+    if not isinstance(first, torch.Tensor) or first.device.type not in ("cpu", "cuda"):
         return ts
-    dtype = torch.get_autocast_dtype("cpu")
+    device = first.device.type
+    if not torch.is_autocast_enabled(device):
+        return ts
+    dtype = torch.get_autocast_dtype(device)
     if dtype not in (torch.bfloat16, torch.float16):
         return ts
     return tuple(
-        t.to(dtype) if isinstance(t, torch.Tensor) and t.device.type == "cpu"
+        t.to(dtype) if isinstance(t, torch.Tensor) and t.device.type == device
         and t.dtype in (torch.float32, torch.bfloat16, torch.float16) else t
         for t in ts)
+
+
+def _global_attention(backend: str, q, k, v, attn_mask, is_causal: bool, scale: float):
+    if backend == "cpu":
+        return torch.ops.attn2d.attention_forward(q, k, v, attn_mask, is_causal, scale)[0]
+    if backend == "triton":
+        from .triton import ops  # noqa: F401  (registers the Triton operators)
+
+        return torch.ops.attn2d.triton_attention_forward(q, k, v, attn_mask, is_causal, scale,
+                                                         [])[0]
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal,
+                                                            scale=scale)
 
 
 def attention(
@@ -41,6 +58,10 @@ def attention(
     the scores; it broadcasts to (B, H, Lq, Lk). ``is_causal`` lets query i see keys j <= i
     (top-left aligned) and may be combined with ``attn_mask``. E may differ from Ev and any
     strides are accepted without a copy. A query row with no allowed key gives 0 (and gradient 0).
+
+    Runs on CPU tensors (attn2d's C++ kernels) and CUDA tensors (attn2d's Triton kernels, or
+    torch's SDPA where its flash or cuDNN kernel takes the call); attn2d.use_backend steers
+    the choice and attn2d.explain reports it.
     """
     fn = "attn2d.attention"
     q, k, v = _autocast_inputs(q, k, v)
@@ -48,8 +69,8 @@ def attention(
     if not isinstance(is_causal, bool):
         raise TypeError(f"{fn}: is_causal must be a bool; got {type(is_causal).__name__}")
     scale = _checks.resolve_scale(fn, scale, q.shape[-1])
-    out, _ = torch.ops.attn2d.attention_forward(q, k, v, attn_mask, is_causal, scale)
-    return out
+    choice = backends.choose_backend(fn, q, k, v, attn_mask, is_causal, pattern=False)
+    return _global_attention(choice.backend, q, k, v, attn_mask, is_causal, scale)
 
 
 def _check_grid_tensor(fn: str, name: str, t: object, what: str) -> torch.Tensor:
@@ -68,6 +89,13 @@ def _sparse_layout(pattern, q_hw, kv_hw, heads):
     from . import _layout
 
     return list(_layout.build(pattern, q_hw, kv_hw, heads))
+
+
+@torch.compiler.assume_constant_result
+def _device_layout(pattern, q_hw, kv_hw, heads, device):
+    from .triton import ops
+
+    return list(ops.device_layout(pattern, q_hw, kv_hw, heads, device))
 
 
 @torch.compiler.assume_constant_result
@@ -140,14 +168,19 @@ def attention2d(
     fn = "attn2d.attention2d"
     q, k, v = _autocast_inputs(q, k, v)
     r = _resolve_pattern(fn, q, k, v, pattern, scale)
-    if r.offsets is not None:
+    if pattern is None:
+        return attention(r.q, r.k, r.v, scale=r.scale).unflatten(2, r.q_hw)
+    choice = backends.choose_backend(fn, r.q, r.k, r.v, None, False, pattern=True)
+    if choice.backend == "triton":
+        layout = _device_layout(pattern, r.q_hw, r.kv_hw, r.q.shape[1], r.q.device)
+        out, _ = torch.ops.attn2d.triton_attention_forward(r.q, r.k, r.v, None, False, r.scale,
+                                                           layout)
+    elif r.offsets is not None:
         out, _ = torch.ops.attn2d.attention2d_window_forward(r.q, r.k, r.v, r.offsets, *r.q_hw,
                                                              r.scale)
-    elif r.layout is not None:
+    else:
         from . import _layout
 
         out, _ = torch.ops.attn2d.attention2d_forward(r.q, r.k, r.v, r.layout, _layout.BLOCK_Q,
                                                       r.scale)
-    else:
-        out = attention(r.q, r.k, r.v, scale=r.scale)
     return out.unflatten(2, r.q_hw)
