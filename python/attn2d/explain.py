@@ -1,7 +1,8 @@
-"""attn2d.explain: which kernel serves a call, forward and backward, and why.
+"""attn2d.explain: which backend and kernel serve a call, forward and backward, and why.
 
-The answer comes from the core's kernel chooser (src/core/kernel_choice.cc), the same function
-that picks the kernel when the call runs; nothing is computed."""
+The answers come from the functions that choose when the call runs: the backend from
+attn2d.backends.choose_backend, the CPU kernel from the core's kernel chooser
+(src/core/kernel_choice.cc); nothing is computed."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from . import _checks, _ops  # noqa: F401  (_ops loads the binding)
+from . import _checks, _ops, backends  # noqa: F401  (_ops loads the binding)
 from .functional import _autocast_inputs, _resolve_pattern
 
 
@@ -40,9 +41,46 @@ class KernelReport:
 class Explanation:
     forward: KernelReport
     backward: KernelReport
+    backend: backends.BackendChoice
 
     def __str__(self) -> str:
-        return f"forward: {self.forward}\nbackward: {self.backward}"
+        b = self.backend
+        lines = [f"backend: {b.backend}", f"  why: {b.reason}"]
+        lines += [f"  not {name}: {why}" for name, why in b.refused]
+        return "\n".join(lines) + f"\nforward: {self.forward}\nbackward: {self.backward}"
+
+
+def _products(dtype: torch.dtype) -> str:
+    if dtype in _checks.LOW_PRECISION:
+        return f"{str(dtype).replace('torch.', '')} with float32 accumulation"
+    return "float32 (exact, not TF32)" if dtype == torch.float32 else "float64"
+
+
+def _gpu_reports(choice: backends.BackendChoice, q: torch.Tensor, k: torch.Tensor,
+                 layout) -> tuple:
+    """Forward and backward reports of the Triton or SDPA backend."""
+    if choice.backend == "sdpa":
+        kernel = "sdpa"
+        for name in ("flash", "cudnn"):
+            if f"{name} kernel" in choice.reason:
+                kernel = f"sdpa_{name}"
+        report = KernelReport(kernel, str(q.dtype).replace("torch.", ""), "", choice.reason, ())
+        return report, report
+    if layout:
+        kernel = "triton_sparse_tiles"
+        head_layout, q_begin, fwd_begin = layout[0], layout[1], layout[5]
+        visits = sum(int(fwd_begin[q_begin[i + 1]] - fwd_begin[q_begin[i]]) for i in head_layout)
+        why = (f"a 2-D pattern: 64x64 tiles over its compiled layout; {visits * 64 * 64:,} "
+               "(query, key) pairs computed per image over all heads, against "
+               f"{q.shape[1] * q.shape[2] * k.shape[2]:,} for global attention")
+    else:
+        kernel = "triton_dense_tiles"
+        why = "global attention: 64-query tiles over every key tile"
+    products = _products(q.dtype)
+    forward = KernelReport(kernel, products, "query tiles", why, ())
+    backward = KernelReport(kernel, products, "key tiles (dK, dV), then query tiles (dQ)",
+                            why + "; P recomputed from the saved lse, no atomics", ())
+    return forward, backward
 
 
 def _report(fields: list[str], direction: str) -> KernelReport:
@@ -83,6 +121,7 @@ def explain(
 
     layout = offsets = None
     height = width = 0
+    grid_pattern = None
     if isinstance(q, torch.Tensor) and q.dim() == 5:
         if attn_mask is not None or is_causal:
             raise ValueError(f"{fn}: attn_mask and is_causal apply to 4-D (B, H, L, E) inputs "
@@ -90,6 +129,7 @@ def explain(
         r = _resolve_pattern(fn, q, k, v, pattern, scale)
         q, k, v, scale, layout, offsets = r.q, r.k, r.v, r.scale, r.layout, r.offsets
         height, width = r.q_hw
+        grid_pattern = (pattern, r.q_hw, r.kv_hw) if pattern is not None else None
         if layout is not None:
             # A clip window on one grid that the window kernels refused: the chooser says why.
             offsets = _layout.window_offsets_on_grid(pattern, r.q_hw, r.kv_hw)
@@ -98,6 +138,13 @@ def explain(
                          f"got q of shape {tuple(getattr(q, 'shape', ()))}")
     _checks.check_attention(fn, q, k, v, attn_mask)
     scale = _checks.resolve_scale(fn, scale, q.shape[-1])
+    choice = backends.choose_backend(fn, q, k, v, attn_mask, is_causal,
+                                     pattern=grid_pattern is not None)
+    if choice.backend != "cpu":
+        sparse = None
+        if grid_pattern is not None:
+            sparse = _layout.build(grid_pattern[0], grid_pattern[1], grid_pattern[2], q.shape[1])
+        return Explanation(*_gpu_reports(choice, q, k, sparse), choice)
     fields = torch.ops.attn2d.explain(q, k, v, attn_mask, is_causal, layout or [],
                                       _layout.BLOCK_Q, offsets, height, width, scale)
-    return Explanation(_report(fields, "forward"), _report(fields, "backward"))
+    return Explanation(_report(fields, "forward"), _report(fields, "backward"), choice)

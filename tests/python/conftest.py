@@ -1,9 +1,14 @@
 import os
 
-import pytest
-import torch
+# attn2d's Triton kernels run on CPU tensors through Triton's interpreter, which must be on
+# before triton is imported; ATTN2D_GPU=1 compiles them for the CUDA device instead.
+if os.environ.get("ATTN2D_GPU") != "1":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import attn2d  # noqa: F401  (loads the binding once for every test)
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import attn2d  # noqa: F401,E402  (loads the binding once for every test)
 
 
 def pytest_collection_modifyitems(config, items):

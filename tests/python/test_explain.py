@@ -148,12 +148,13 @@ def test_global_grids_run_on_dense_tiles():
     assert x.forward.kernel == "dense_tiles"
 
 
-def test_text_names_both_directions_and_every_refusal():
+def test_text_names_the_backend_both_directions_and_every_refusal():
     x = attn2d.explain(*grids(32, 32), pattern=Window(15))
     text = str(x)
-    assert text.startswith("forward: window")
+    assert text.startswith("backend: cpu\n")
+    assert "\nforward: window" in text
     assert "\nbackward: window (blocked rows)" in text
-    for name, _ in x.forward.refused:
+    for name, _ in x.forward.refused + x.backend.refused:
         assert f"not {name}:" in text
 
 

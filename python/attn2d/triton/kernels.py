@@ -11,17 +11,33 @@ One set of kernels serves both shapes of work:
   query tile its visited key tiles and each key tile its visiting query tiles, and a visit
   either allows every pair or carries one 64-bit mask word per query row.
 
-Scores are kept in base 2 (qk_scale folds in log2(e)); the saved lse is natural-log, -inf for
-a row with no allowed key, whose output and gradients are 0. Head widths are padded to
+Scores are kept in base 2 (qk_scale folds in log2(e)), and so is the saved log-sum-exp (lse2,
+the log2 of the sum of exp2 of the base-2 scores: no conversion rounds it between the forward
+and the backward); it is -inf for a row with no allowed key, whose output and gradients are 0. Head widths are padded to
 BLOCK_E/BLOCK_EV inside the kernel by masked loads."""
 
 from __future__ import annotations
+
+import os
 
 import triton
 import triton.language as tl
 
 LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
+# Triton's interpreter multiplies bfloat16 operands of tl.dot as their raw 16-bit integers; the
+# float32 products of widened bf16 values are the same exact products the GPU's bf16 MMA forms.
+_WIDEN_BF16_DOTS = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+
+
+@triton.jit
+def _dot(a, b):
+    """a @ b with float32 (or float64) accumulation; float32 operands multiplied exactly
+    ("ieee"), not in TF32."""
+    if _WIDEN_BF16_DOTS and a.dtype == tl.bfloat16:
+        c = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        c = tl.dot(a, b, input_precision="ieee")
+    return c
 
 
 @triton.jit
@@ -45,7 +61,7 @@ def _scores(q, k, q_rows, q_valid, k_rows, k_valid, qk_scale,
     """Base-2 scores of a (BLOCK_M, BLOCK_N) tile, -inf where a pair is not allowed.
     MASK_KIND: 0 none, 1 bool (nonzero = may attend), 2 additive. mask_ptr is already offset to
     this (batch, head); visit_mask is a layout visit's (BLOCK_M, BLOCK_N) bits."""
-    s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+    s = _dot(q, tl.trans(k)) * qk_scale
     allowed = q_valid[:, None] & k_valid[None, :]
     if IS_CAUSAL:
         allowed = allowed & (k_rows[None, :] <= q_rows[:, None])
@@ -150,14 +166,14 @@ def attention_forward_kernel(
             p = tl.exp2(s - m_safe[:, None])
             alpha = tl.exp2(m_i - m_safe)
             l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+            acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v)
             m_i = m_new
         empty = l_i == 0.0
         out = acc / tl.where(empty, 1.0, l_i)[:, None]
         Ob = O + b.to(tl.int64) * sob + h.to(tl.int64) * soh
         _store_rows(Ob, out, rows, valid, ev, Ev, sol, soe)
-        lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
-        tl.store(LSE + bh.to(tl.int64) * Lq + rows, lse, mask=valid)
+        lse2 = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
+        tl.store(LSE + bh.to(tl.int64) * Lq + rows, lse2, mask=valid)
 
 
 @triton.jit
@@ -180,11 +196,10 @@ def row_dot_kernel(O, DO, D, sob, soh, sol, soe, sdb, sdh, sdl, sde, H, Lq, Ev,
 
 
 @triton.jit
-def _probabilities(s, lse):
-    """P recomputed from base-2 scores and the natural-log lse; 0 on rows with no allowed key."""
-    live = lse != float("-inf")
-    lse2 = tl.where(live, lse * 1.4426950408889634, 0.0)
-    return tl.where(live[:, None], tl.exp2(s - lse2[:, None]), 0.0)
+def _probabilities(s, lse2):
+    """P recomputed from base-2 scores and lse2; 0 on rows with no allowed key."""
+    live = lse2 != float("-inf")
+    return tl.where(live[:, None], tl.exp2(s - tl.where(live, lse2, 0.0)[:, None]), 0.0)
 
 
 @triton.jit
@@ -251,15 +266,15 @@ def attention_backward_kv_kernel(
                 bits = valid[:, None]
             q = _load_rows(Qb, rows, valid, e, E, sql, sqe)
             do = _load_rows(DOb, rows, valid, ev, Ev, sdl, sde)
-            lse = tl.load(LSE + bh.to(tl.int64) * Lq + rows, mask=valid, other=float("-inf"))
+            lse2 = tl.load(LSE + bh.to(tl.int64) * Lq + rows, mask=valid, other=float("-inf"))
             delta = tl.load(D + bh.to(tl.int64) * Lq + rows, mask=valid, other=0.0)
             s = _scores(q, k, rows, valid, k_rows, k_valid, qk_scale, Mb, smq, smk, bits,
                         MASK_KIND, IS_CAUSAL, HAS_LAYOUT)
-            p = _probabilities(s, lse).to(acc_dtype)
-            dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision="ieee")
-            dp = tl.dot(do, tl.trans(v), input_precision="ieee")
+            p = _probabilities(s, lse2).to(acc_dtype)
+            dv += _dot(tl.trans(p.to(do.dtype)), do)
+            dp = _dot(do, tl.trans(v))
             ds = p * (dp - delta[:, None])
-            dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision="ieee")
+            dk += _dot(tl.trans(ds.to(q.dtype)), q)
         DKb = DK + b.to(tl.int64) * sdkb + h.to(tl.int64) * sdkh
         DVb = DV + b.to(tl.int64) * sdvb + h.to(tl.int64) * sdvh
         _store_rows(DKb, dk * scale, k_rows, k_valid, e, E, sdkl, sdke)
@@ -293,7 +308,7 @@ def attention_backward_q_kernel(
         Mb = MASK + b.to(tl.int64) * smb + h.to(tl.int64) * smh
         q = _load_rows(Q + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh, rows, valid, e, E, sql, sqe)
         do = _load_rows(DO + b.to(tl.int64) * sdb + h.to(tl.int64) * sdh, rows, valid, ev, Ev, sdl, sde)
-        lse = tl.load(LSE + bh.to(tl.int64) * Lq + rows, mask=valid, other=float("-inf"))
+        lse2 = tl.load(LSE + bh.to(tl.int64) * Lq + rows, mask=valid, other=float("-inf"))
         delta = tl.load(D + bh.to(tl.int64) * Lq + rows, mask=valid, other=0.0)
         acc_dtype = tl.float64 if Q.dtype.element_ty == tl.float64 else tl.float32
         dq = tl.zeros((BLOCK_M, BLOCK_E), acc_dtype)
@@ -322,9 +337,9 @@ def attention_backward_q_kernel(
             v = _load_rows(Vb, k_rows, k_valid, ev, Ev, svl, sve)
             s = _scores(q, k, rows, valid, k_rows, k_valid, qk_scale, Mb, smq, smk, bits,
                         MASK_KIND, IS_CAUSAL, HAS_LAYOUT)
-            p = _probabilities(s, lse).to(acc_dtype)
-            dp = tl.dot(do, tl.trans(v), input_precision="ieee")
+            p = _probabilities(s, lse2).to(acc_dtype)
+            dp = _dot(do, tl.trans(v))
             ds = p * (dp - delta[:, None])
-            dq += tl.dot(ds.to(k.dtype), k, input_precision="ieee")
+            dq += _dot(ds.to(k.dtype), k)
         _store_rows(DQ + b.to(tl.int64) * sdqb + h.to(tl.int64) * sdqh, dq * scale, rows, valid,
                     e, E, sdql, sdqe)

@@ -1,5 +1,6 @@
 """attn2d's Triton kernels as torch.library operators (torch.compile traces them as user
-Triton kernels) with their autograd: the forward saves the log-sum-exp; the backward computes
+Triton kernels) with their autograd: the forward returns the output and lse2, the base-2
+log-sum-exp of each query row's scores, which the backward reads; the backward computes
 D = rowsum(dO * O), then dK/dV per key tile and dQ per query tile."""
 
 from __future__ import annotations
