@@ -1,6 +1,7 @@
 """Loads the compiled binding and registers what torch.library needs around its ops: fake
-(meta) kernels for torch.compile / FakeTensor, and the backward operators' autograd (a double
-backward refused). The forward operators' autograd is C++ (binding/torch_autograd.cc)."""
+(meta) kernels for torch.compile / FakeTensor, and the backward operators' autograd (the double
+backward, attn2d/double_backward.py). The forward operators' autograd is C++
+(binding/torch_autograd.cc)."""
 
 from __future__ import annotations
 
@@ -67,19 +68,51 @@ def _attention2d_window_backward_fake(grad_out, q, k, v, out, lse, offsets, heig
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-def _backward_setup_context(ctx, inputs, output):
-    pass
+def _save_backward_inputs(ctx, inputs, output):
+    grad_out, q, k, v = inputs[:4]
+    ctx.save_for_backward(grad_out, q, k, v)
+    ctx.others = inputs[4:]
 
 
-def _backward_backward(ctx, *grads):
-    # Registered so that a double backward fails loudly instead of PyTorch's autograd fallback
-    # treating the backward op as constant (a silently wrong R1 penalty).
-    raise NotImplementedError(
-        "attn2d: double backward (e.g. an R1 / gradient penalty) through attn2d.attention or "
-        "attn2d.attention2d is not supported yet"
-    )
+def _double_backward(ctx, groups, grad_dq, grad_dk, grad_dv, scale):
+    from .double_backward import attention_double_backward
+
+    grad_out, q, k, v = ctx.saved_tensors
+    return attention_double_backward(groups(q, k), q, k, v, grad_out, grad_dq, grad_dk, grad_dv,
+                                     scale)
 
 
-for _op in ("attn2d::attention_backward", "attn2d::attention2d_backward",
-            "attn2d::attention2d_window_backward"):
-    torch.library.register_autograd(_op, _backward_backward, setup_context=_backward_setup_context)
+def _attention_backward_backward(ctx, grad_dq, grad_dk, grad_dv):
+    from .double_backward import dense_groups
+
+    _, _, attn_mask, is_causal, scale = ctx.others
+    g_q, g_k, g_v, g_do = _double_backward(
+        ctx, lambda q, k: dense_groups(q, k, attn_mask, is_causal), grad_dq, grad_dk, grad_dv,
+        scale)
+    return g_do, g_q, g_k, g_v, None, None, None, None, None
+
+
+def _attention2d_backward_backward(ctx, grad_dq, grad_dk, grad_dv):
+    from .double_backward import layout_groups
+
+    _, _, layout, _, scale = ctx.others
+    g_q, g_k, g_v, g_do = _double_backward(
+        ctx, lambda q, k: layout_groups(q, k, layout), grad_dq, grad_dk, grad_dv, scale)
+    return g_do, g_q, g_k, g_v, None, None, [None] * len(layout), None, None
+
+
+def _window_backward_backward(ctx, grad_dq, grad_dk, grad_dv):
+    from .double_backward import window_groups
+
+    _, _, offsets, height, width, scale = ctx.others
+    g_q, g_k, g_v, g_do = _double_backward(
+        ctx, lambda q, k: window_groups(q, k, offsets, height, width), grad_dq, grad_dk,
+        grad_dv, scale)
+    return g_do, g_q, g_k, g_v, None, None, None, None, None, None
+
+
+# The backward operators' own backward (attn2d/double_backward.py), for gradient penalties.
+for _op, _fn in (("attn2d::attention_backward", _attention_backward_backward),
+                 ("attn2d::attention2d_backward", _attention2d_backward_backward),
+                 ("attn2d::attention2d_window_backward", _window_backward_backward)):
+    torch.library.register_autograd(_op, _fn, setup_context=_save_backward_inputs)

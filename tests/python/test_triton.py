@@ -215,12 +215,21 @@ def test_modules_run_on_the_triton_kernels_and_match_the_cpu_backend():
         assert torch.isfinite(xd.grad).all()
 
 
-def test_double_backward_says_it_is_not_supported():
-    q, k, v = _leaves((1, 1, 5, 4), (1, 1, 6, 4), (1, 1, 6, 4))
-    out = attn2d.attention(q, k, v)
-    dq, = torch.autograd.grad(out.square().sum(), (q,), create_graph=True)
-    with pytest.raises(NotImplementedError, match="double backward"):
-        dq.sum().backward()
+@pytest.mark.parametrize("pattern", [None, Window(3), YLG(2)], ids=repr)
+def test_gradgradcheck_float64(pattern):
+    if pattern is None:
+        q, k, v = _leaves((1, 2, 4, 3), (1, 2, 5, 3), (1, 2, 5, 2), dtype=torch.float64)
+        mask = torch.rand(4, 5, device=DEVICE) < 0.7
+
+        def fn(a, b, c):
+            return attn2d.attention(a, b, c, attn_mask=mask, is_causal=True)
+    else:
+        q, k, v = _leaves((1, 2, 3, 4, 2), (1, 2, 3, 4, 2), (1, 2, 3, 4, 3),
+                          dtype=torch.float64)
+
+        def fn(a, b, c):
+            return attn2d.attention2d(a, b, c, pattern=pattern)
+    assert torch.autograd.gradgradcheck(fn, (q, k, v), eps=1e-6, atol=1e-7, fast_mode=True)
 
 
 # Seed 9 (E=3, Ev=5, causal, 96 x 69) gives a dQ error of 3.7e-6 against naive float32's

@@ -145,15 +145,26 @@ def _backward(ctx, grad_out, grad_lse):
     return dq, dk, dv, None, None, None, [None] * len(layout)
 
 
-def _backward_backward(ctx, *grads):
-    raise NotImplementedError(
-        "attn2d: double backward (e.g. an R1 / gradient penalty) through attn2d's Triton "
-        "kernels is not supported yet")
+def _save_backward_inputs(ctx, inputs, output):
+    grad_out, q, k, v, out, lse, attn_mask, is_causal, scale, layout = inputs
+    ctx.save_for_backward(grad_out, q, k, v)
+    ctx.attn_mask, ctx.is_causal, ctx.scale, ctx.layout = attn_mask, is_causal, scale, layout
 
 
-def _no_context(ctx, inputs, output):
-    pass
+def _backward_backward(ctx, grad_dq, grad_dk, grad_dv):
+    """The double backward (attn2d/double_backward.py), in torch operations on the device."""
+    from .. import double_backward as db
+
+    grad_out, q, k, v = ctx.saved_tensors
+    if ctx.layout:
+        groups = db.layout_groups(q, k, ctx.layout)
+    else:
+        groups = db.dense_groups(q, k, ctx.attn_mask, ctx.is_causal)
+    g_q, g_k, g_v, g_do = db.attention_double_backward(groups, q, k, v, grad_out, grad_dq,
+                                                       grad_dk, grad_dv, ctx.scale)
+    return g_do, g_q, g_k, g_v, None, None, None, None, None, [None] * len(ctx.layout)
 
 
 triton_attention_forward.register_autograd(_backward, setup_context=_setup_context)
-triton_attention_backward.register_autograd(_backward_backward, setup_context=_no_context)
+triton_attention_backward.register_autograd(_backward_backward,
+                                             setup_context=_save_backward_inputs)

@@ -1,0 +1,186 @@
+"""The double backward (attn2d/double_backward.py): gradgradcheck in float64 over awkward shapes,
+masks and every pattern kind; second derivatives in float32 against float64 naive attention
+under the 2x rule; an R1 penalty through the modules against the same modules built from torch
+operations."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attn2d
+import attn2d.nn as ann
+from attn2d.patterns import YLG, Window
+from module_references import RefMultiheadSelfAttention2d, RefSelfAttention2d
+from reference import max_err, naive_attention
+from test_nn import _pair
+
+
+def _leaves(*shapes, dtype=torch.float64):
+    return [torch.randn(s, dtype=dtype).requires_grad_() for s in shapes]
+
+
+def _gradgradcheck(fn, inputs, fast_mode=True):
+    """fast_mode checks random projections of the second-derivative Jacobian (torch's fast
+    gradcheck), which any wrong entry changes; the global shapes also run the full check."""
+    assert torch.autograd.gradgradcheck(fn, inputs, eps=1e-6, atol=1e-7, rtol=1e-5,
+                                        fast_mode=fast_mode)
+
+
+# (B, H, Lq, Lk, E, Ev): E in {1, 3, 8}, E != Ev, Lq != Lk, primes.
+SHAPES = [(1, 1, 5, 7, 1, 2), (2, 2, 7, 5, 3, 4), (1, 2, 11, 3, 8, 3), (1, 1, 1, 1, 3, 3)]
+
+
+@pytest.mark.parametrize("B,H,Lq,Lk,E,Ev", SHAPES)
+def test_gradgradcheck_global(B, H, Lq, Lk, E, Ev):
+    _gradgradcheck(attn2d.attention, _leaves((B, H, Lq, E), (B, H, Lk, E), (B, H, Lk, Ev)),
+                   fast_mode=False)
+
+
+@pytest.mark.parametrize("variant", ["bool mask with a dead row", "additive mask", "causal",
+                                     "causal and mask", "strided", "scale"])
+def test_gradgradcheck_masks_causal_strides(variant):
+    q, k, v = _leaves((2, 2, 6, 3), (2, 2, 5, 3), (2, 2, 5, 4))
+    kw = {}
+    mask = torch.rand(6, 5) < 0.6
+    mask[4] = False
+    if variant == "bool mask with a dead row":
+        kw["attn_mask"] = mask
+    elif variant == "additive mask":
+        kw["attn_mask"] = torch.randn(2, 1, 6, 5, dtype=torch.float64)
+    elif variant == "causal":
+        kw["is_causal"] = True
+    elif variant == "causal and mask":
+        kw.update(is_causal=True, attn_mask=mask)
+    elif variant == "strided":
+        q = torch.randn(2, 6, 2, 3, dtype=torch.float64).transpose(1, 2).requires_grad_()
+        v = torch.randn(2, 2, 5, 8, dtype=torch.float64)[..., ::2].requires_grad_()
+    elif variant == "scale":
+        kw["scale"] = 0.7
+    _gradgradcheck(lambda a, b, c: attn2d.attention(a, b, c, **kw), (q, k, v))
+
+
+def test_fully_masked_rows_have_zero_second_derivatives():
+    q, k, v = _leaves((1, 1, 4, 3), (1, 1, 5, 3), (1, 1, 5, 2))
+    mask = torch.ones(4, 5, dtype=torch.bool)
+    mask[1] = False
+    out = attn2d.attention(q, k, v, attn_mask=mask)
+    dq, = torch.autograd.grad(out.square().sum(), (q,), create_graph=True)
+    gq, = torch.autograd.grad(dq.square().sum(), (q,))
+    assert torch.equal(gq[:, :, 1], torch.zeros(1, 1, 3, dtype=torch.float64))
+    assert torch.isfinite(gq).all()
+
+
+PATTERNS = [
+    (Window(3), (4, 5), (4, 5), 1),                        # window kernels (offsets)
+    (Window(3, "manhattan", dilation=2), (5, 5), (5, 5), 2),
+    (Window(5, "euclidean"), (5, 4), (5, 4), 1),
+    (Window(3, border="shift"), (4, 4), (4, 4), 1),
+    (Window(3), (6, 4), (3, 2), 1),                        # pooled keys
+    (YLG(2), (4, 5), (4, 5), 2),                           # non-square grid
+    (YLG(4), (4, 4), (2, 2), 4),
+]
+
+
+@pytest.mark.parametrize("pattern,q_hw,kv_hw,heads", PATTERNS, ids=lambda p: repr(p))
+def test_gradgradcheck_patterns(pattern, q_hw, kv_hw, heads):
+    q, k, v = _leaves((1, heads, *q_hw, 3), (1, heads, *kv_hw, 3), (1, heads, *kv_hw, 2))
+    _gradgradcheck(lambda a, b, c: attn2d.attention2d(a, b, c, pattern=pattern), (q, k, v))
+
+
+def test_gradgradcheck_channels_first_views():
+    q, k, v = (torch.randn(1, 2, d, 4, 5, dtype=torch.float64).permute(0, 1, 3, 4, 2)
+               .requires_grad_() for d in (3, 3, 2))
+    _gradgradcheck(lambda a, b, c: attn2d.attention2d(a, b, c, pattern=Window(3)), (q, k, v))
+
+
+def _penalty_grads(fn, inputs, weights):
+    """Gradients of a penalty on the first derivatives: |d<weights, fn>/d inputs|^2."""
+    out = fn(*inputs)
+    first = torch.autograd.grad((out * weights.to(out.dtype)).sum(), inputs, create_graph=True)
+    penalty = sum(g.square().sum() for g in first)
+    return torch.autograd.grad(penalty, inputs)
+
+
+@pytest.mark.parametrize("kind", ["global", "mask", "window", "ylg"])
+def test_float32_second_derivatives_within_twice_naive_error(kind):
+    B, H = 2, 2
+    grid = (7, 6)
+    shapes = [(B, H, *grid, 8), (B, H, *grid, 8), (B, H, *grid, 16)]
+    inputs64 = [torch.randn(s, dtype=torch.float64) for s in shapes]
+    weights = torch.randn(B, H, *grid, 16, dtype=torch.float64)
+    pattern = {"window": Window(3), "ylg": YLG(2)}.get(kind)
+    allowed = None
+    if pattern is not None:
+        allowed = pattern.dense_mask(grid, grid, H)
+    elif kind == "mask":
+        allowed = torch.rand(42, 42) < 0.5
+
+    def ours(q, k, v):
+        if pattern is not None:
+            return attn2d.attention2d(q, k, v, pattern=pattern)
+        return attn2d.attention(q.flatten(2, 3), k.flatten(2, 3), v.flatten(2, 3),
+                                attn_mask=allowed).unflatten(2, grid)
+
+    def naive(dtype):
+        def fn(q, k, v):
+            return naive_attention(q.flatten(2, 3), k.flatten(2, 3), v.flatten(2, 3),
+                                   attn_mask=allowed, dtype=dtype).unflatten(2, grid)
+        return fn
+
+    def leaves(dtype):
+        return [t.to(dtype).requires_grad_() for t in inputs64]
+
+    got = _penalty_grads(ours, leaves(torch.float32), weights)
+    oracle = _penalty_grads(naive(torch.float64), leaves(torch.float64), weights)
+    base = _penalty_grads(naive(torch.float32), leaves(torch.float32), weights)
+    for name, a, b, c in zip("qkv", got, base, oracle):
+        floor = 1e-6 * max(1.0, float(c.abs().max()))
+        assert max_err(a, c) <= 2 * max_err(b, c) + floor, (name, max_err(a, c), max_err(b, c))
+
+
+def _r1_grads(module, x):
+    """An R1 step: the penalty |d D(x) / dx|^2 on a module's output, backpropagated to the
+    weights and the input."""
+    x = x.clone().requires_grad_()
+    score = (module(x) * torch.linspace(-1, 1, x[0].numel(), dtype=x.dtype).view(x[0].shape)).sum()
+    grad_x, = torch.autograd.grad(score, (x,), create_graph=True)
+    penalty = grad_x.square().sum()
+    params = [p for p in module.parameters()]
+    grads = torch.autograd.grad(penalty, params + [x], allow_unused=True)
+    return [torch.zeros_like(t) if g is None else g for g, t in zip(grads, params + [x])]
+
+
+@pytest.mark.parametrize("make", [
+    lambda: _pair(ann.SelfAttention2d, RefSelfAttention2d, 16),
+    lambda: _pair(ann.SelfAttention2d, RefSelfAttention2d, 16, heads=2, pattern=Window(3),
+                  pool_kv=1),
+    lambda: _pair(ann.MultiheadSelfAttention2d, RefMultiheadSelfAttention2d, 16, 4),
+    lambda: _pair(ann.MultiheadSelfAttention2d, RefMultiheadSelfAttention2d, 16, 2,
+                  pattern=Window(3, "manhattan")),
+], ids=["sagan", "sagan window", "multihead", "multihead window"])
+def test_r1_penalty_through_modules_matches_torch_ops(make):
+    torch.manual_seed(0)
+    ours, ref = make()
+    ours, ref = ours.double(), ref.double()
+    x = torch.randn(2, 16, 6, 8, dtype=torch.float64)
+    # torch's fused SDPA kernels (nn.MultiheadAttention's) have no double backward: the
+    # reference runs on SDPA's math path.
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        want = _r1_grads(ref, x)
+    for a, b in zip(_r1_grads(ours, x), want):
+        assert max_err(a, b) <= 1e-10 * max(1.0, float(b.abs().max()))
+
+
+def test_r1_penalty_in_bfloat16_is_close_to_float32():
+    torch.manual_seed(0)
+    m = ann.SelfAttention2d(16)
+    with torch.no_grad():
+        m.gamma.fill_(0.5)
+    x = torch.randn(2, 16, 8, 8)
+    want = _r1_grads(m, x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = _r1_grads(m, x)
+    for a, b in zip(got, want):
+        assert torch.isfinite(a).all()
+        assert max_err(a, b) <= 0.1 * max(1.0, float(b.abs().max()))
