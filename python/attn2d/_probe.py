@@ -131,13 +131,30 @@ def _block_case(case):
     return (lambda: module(x)), grad, list(module.parameters())
 
 
+def _r1_case(case):
+    """An R1 step (attn2d.bench_double_backward.r1_step) as the probe runs it: fn returns the
+    penalty, whose backward is the measured backward."""
+    import torch
+
+    from attn2d.bench_double_backward import r1_step
+
+    penalty, module, x = r1_step(case["impl"], int(case["channels"]), int(case["res"]),
+                                 int(case.get("batch", 1)), int(case.get("seed", 0)))
+    return penalty, torch.ones(()), list(module.parameters()) + [x]
+
+
 def main(argv: list[str]) -> int:
     case = json.loads(argv[1])
     import torch
 
     if "threads" in case:
         torch.set_num_threads(int(case["threads"]))
-    fn, grad, leaves = _block_case(case) if "block" in case else _attention_case(case)
+    if "block" in case:
+        fn, grad, leaves = _block_case(case)
+    elif case.get("r1"):
+        fn, grad, leaves = _r1_case(case)
+    else:
+        fn, grad, leaves = _attention_case(case)
     backward = bool(case.get("backward", True))
     impl = case["impl"]
 

@@ -145,16 +145,18 @@ def attention_double_backward(groups, q, k, v, grad_out, grad_dq, grad_dk, grad_
 
 def _double_backward(groups, q, k, v, grad_out, grad_dq, grad_dk, grad_dv, scale: float):
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-    q_, k_, v_, do_ = (t.to(acc) for t in (q, k, v, grad_out))
-    u_ = None if grad_dq is None else grad_dq.to(acc)
-    w_ = None if grad_dk is None else grad_dk.to(acc)
-    z_ = None if grad_dv is None else grad_dv.to(acc)
+
+    def rows_contiguous(t):  # channels-first views would send every matmul down a slow path
+        return None if t is None else t.to(acc).contiguous()
+
+    q_, k_, v_, do_ = (rows_contiguous(t) for t in (q, k, v, grad_out))
+    u_, w_, z_ = (rows_contiguous(t) for t in (grad_dq, grad_dk, grad_dv))
     g_q, g_k = torch.zeros_like(q_), torch.zeros_like(k_)
     g_v, g_do = torch.zeros_like(v_), torch.zeros_like(do_)
     for group in groups:
         h, rows = group.heads, group.rows
         kh, vh = k_[:, h], v_[:, h]
-        qb, dob = q_[:, h][:, :, rows], do_[:, h][:, :, rows]
+        qb, dob = _rows(q_, h, rows), _rows(do_, h, rows)
         s = torch.matmul(qb, kh.transpose(-1, -2)) * scale
         if group.additive is not None:
             add = group.additive
@@ -176,7 +178,7 @@ def _double_backward(groups, q, k, v, grad_out, grad_dq, grad_dk, grad_dv, scale
         ds = p * (dp - d)
         g = torch.zeros_like(p)
         if u_ is not None:
-            ub = u_[:, h][:, :, rows]
+            ub = _rows(u_, h, rows)
             g = g + torch.matmul(ub, kh.transpose(-1, -2))
         if w_ is not None:
             wh = w_[:, h]
@@ -206,6 +208,15 @@ def _double_backward(groups, q, k, v, grad_out, grad_dq, grad_dk, grad_dv, scale
         _add_heads(g_k, h, gk * scale)
         _add_heads(g_v, h, gv)
     return (g_q.to(q.dtype), g_k.to(k.dtype), g_v.to(v.dtype), g_do.to(grad_out.dtype))
+
+
+def _rows(t: torch.Tensor, heads, rows: torch.Tensor) -> torch.Tensor:
+    if isinstance(heads, slice):
+        first, count = int(rows[0]), rows.numel()
+        if int(rows[-1]) == first + count - 1:  # a run of rows: a view, no gather
+            return t[:, :, first:first + count]
+        return t[:, :, rows]
+    return t[:, heads][:, :, rows]
 
 
 def _scatter_rows(target: torch.Tensor, heads, rows: torch.Tensor, value: torch.Tensor):

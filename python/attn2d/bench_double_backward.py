@@ -1,0 +1,122 @@
+"""`attn2d bench --double-backward`: an R1 discriminator step through attention, attn2d against
+the only peer that can take it, torch's math path (SDPA's fused CPU and CUDA kernels and
+FlexAttention have no double backward).
+
+The step: a SAGAN attention block (attn2d.nn.SelfAttention2d, q/k at C/8, v at C/2, keys pooled
+2x2) as the discriminator's block, its output read out by fixed weights as the score D(x); the
+R1 penalty |dD/dx|^2 from autograd.grad(..., create_graph=True); the penalty's backward to the
+weights and the input. Both implementations run the same module and weights: the peer is the
+block under attn2d.use_backend("sdpa") with SDPA's math kernel. Times are interleaved rep by rep
+in one process and reported as medians and the median of per-rep ratios; peak memory is the
+resident set's growth over one step in a fresh process per implementation (attn2d._probe)."""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from typing import Optional
+
+import torch
+
+from .memory import format_bytes, measure
+
+IMPLS = ("attn2d", "math")
+
+
+def _context(impl: str):
+    if impl == "attn2d":
+        return contextlib.nullcontext()
+    if impl != "math":
+        raise ValueError(f"attn2d.bench_double_backward: impl must be one of {IMPLS}; got {impl!r}")
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from .backends import use_backend
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(use_backend("sdpa"))
+    stack.enter_context(sdpa_kernel(SDPBackend.MATH))
+    return stack
+
+
+def make_block(channels: int, seed: int = 0) -> torch.nn.Module:
+    from .nn import SelfAttention2d
+
+    torch.manual_seed(seed)
+    block = SelfAttention2d(channels)
+    with torch.no_grad():
+        block.gamma.fill_(0.5)  # 0 at initialisation would cut attention out of the gradient
+    return block
+
+
+def r1_step(impl: str, channels: int, res: int, batch: int = 1, seed: int = 0,
+            module: Optional[torch.nn.Module] = None):
+    """(fn, module, x): fn() runs the forward and the input gradient with its graph and returns
+    the R1 penalty (call .backward() on it for the rest of the step)."""
+    module = make_block(channels, seed) if module is None else module
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, channels, res, res, generator=gen).requires_grad_()
+    readout = torch.randn(channels, res, res, generator=gen)
+
+    def fn():
+        with _context(impl):
+            score = (module(x) * readout).sum()
+            grad_x, = torch.autograd.grad(score, (x,), create_graph=True)
+            return grad_x.square().sum()
+
+    return fn, module, x
+
+
+def _time_step(fn, leaves) -> float:
+    for t in leaves:
+        t.grad = None
+    t0 = time.perf_counter()
+    penalty = fn()
+    with contextlib.nullcontext():
+        penalty.backward()
+    return time.perf_counter() - t0
+
+
+def run_case(channels: int, res: int, reps: int, with_memory: bool = True) -> dict:
+    module = make_block(channels)
+    steps = {impl: r1_step(impl, channels, res, module=module) for impl in IMPLS}
+    for impl in IMPLS:  # warm-up: code paths, thread pools
+        fn, _, x = steps[impl]
+        _time_step(fn, list(module.parameters()) + [x])
+    times = {impl: [] for impl in IMPLS}
+    for _ in range(reps):
+        for impl in IMPLS:
+            fn, _, x = steps[impl]
+            times[impl].append(_time_step(fn, list(module.parameters()) + [x]))
+    ratios = [m / a for m, a in zip(times["math"], times["attn2d"])]
+    row = {"channels": channels, "res": res, "queries": res * res,
+           "keys": (res // 2) * (res // 2), "reps": reps,
+           "median_s": {impl: statistics.median(times[impl]) for impl in IMPLS},
+           "speedup_median_of_ratios": statistics.median(ratios)}
+    if with_memory:
+        row["peak_bytes"] = {
+            impl: measure({"r1": True, "impl": impl, "channels": channels, "res": res},
+                          timeout=900)["peak_above_baseline_bytes"] for impl in IMPLS}
+    return row
+
+
+def run(resolutions=(64, 128), channels: int = 64, reps: int = 5,
+        with_memory: bool = True) -> list[dict]:
+    return [run_case(channels, res, reps, with_memory) for res in resolutions]
+
+
+def markdown(rows: list[dict], machine: str) -> str:
+    lines = [f"R1 step (forward, grad with create_graph, penalty backward) through "
+             f"SelfAttention2d, on {machine}, torch {torch.__version__}, "
+             f"{torch.get_num_threads()} threads.", "",
+             "| map | queries x keys | attn2d median | math median | speed-up (median of "
+             "per-rep ratios) | attn2d peak | math peak |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        peak = r.get("peak_bytes", {})
+        lines.append(
+            f"| {r['res']}x{r['res']} (C={r['channels']}) | {r['queries']:,} x {r['keys']:,} | "
+            f"{r['median_s']['attn2d']:.3f} s | {r['median_s']['math']:.3f} s | "
+            f"{r['speedup_median_of_ratios']:.2f}x | "
+            f"{format_bytes(peak['attn2d']) if peak else '-'} | "
+            f"{format_bytes(peak['math']) if peak else '-'} |")
+    return "\n".join(lines) + "\n"
