@@ -3,7 +3,9 @@
 measure() runs a case in a subprocess (attn2d._probe) so that its peak resident memory is its
 own; unfused_attention_bytes() is the lower bound an unfused implementation cannot go under;
 available_memory_bytes() is what the system can still hand out (bench --patterns runs the
-dense-masked peer only where it fits).
+dense-masked peer only where it fits). On CUDA, cuda_step_peak() measures one warm step in this
+process (torch.cuda.max_memory_allocated), and block_peer() builds a planner block around any
+attention function (`attn2d plan --validate --device cuda` runs SDPA's kernels on it).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import json
 import os
 import subprocess
 import sys
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 
 def measure(case: dict[str, Any], timeout: Optional[float] = None) -> dict[str, Any]:
@@ -67,3 +69,79 @@ def format_bytes(n: float) -> str:
         if abs(n) >= size:
             return f"{n / size:.1f} {unit}"
     return f"{int(n)} B"
+
+
+def cuda_step_peak(step: Callable[[], Any], reps: int = 3) -> tuple[int, float]:
+    """(peak bytes, mean seconds) of step() on the current CUDA device: the peak is
+    torch.cuda.max_memory_allocated above what was allocated before the call, after one
+    warm-up call (Triton compilation, cuBLAS workspaces and parameter gradients are allocated
+    there and stay); the time is the mean of `reps` further calls."""
+    import torch
+
+    step()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    step()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        step()
+    end.record()
+    torch.cuda.synchronize()
+    return peak, start.elapsed_time(end) / 1e3 / reps
+
+
+def block_peer(block, attend):
+    """An attn2d.planner Block in plain PyTorch around attend(q, k, v, scale): the conv kind is
+    SAGAN's (1x1 convs; keys and values max-pooled by pool_kv; the optional out conv, gamma and
+    residual), the tokens kind ProGAN's (LayerNorm, in and out projections, feed-forward). q, k
+    and v reach attend as contiguous (B, heads, N, width) tensors, because SDPA's fused kernels
+    refuse a last dimension whose stride is not 1, which attn2d.nn's channels-first views have."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    class BlockPeer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            C = block.channels
+            if block.kind == "tokens":
+                self.ln = nn.LayerNorm(C)
+                self.in_proj = nn.Linear(C, 3 * C)
+                self.out_proj = nn.Linear(C, C)
+                self.ff = nn.Sequential(nn.LayerNorm(C), nn.Linear(C, C), nn.GELU(),
+                                        nn.Linear(C, C))
+                return
+            self.query = nn.Conv2d(C, block.qk_channels, 1)
+            self.key = nn.Conv2d(C, block.qk_channels, 1)
+            self.value = nn.Conv2d(C, block.v_channels, 1)
+            self.out = nn.Conv2d(block.v_channels, C, 1) if block.out_conv else None
+            self.gamma = nn.Parameter(torch.ones(1)) if block.gamma else None
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            B, C, H, W = x.shape
+            if block.kind == "tokens":
+                tokens = x.flatten(2).transpose(1, 2)
+                q, k, v = (t.unflatten(-1, (block.heads, -1)).transpose(1, 2).contiguous()
+                           for t in self.in_proj(self.ln(tokens)).chunk(3, dim=-1))
+                o = attend(q, k, v, q.shape[-1] ** -0.5).transpose(1, 2).flatten(2)
+                t = self.out_proj(o) + tokens
+                t = self.ff(t) + t
+                return t.transpose(1, 2).reshape(B, C, H, W)
+            k, v = self.key(x), self.value(x)
+            if block.pool_kv > 1:
+                k, v = F.max_pool2d(k, block.pool_kv), F.max_pool2d(v, block.pool_kv)
+            q, k, v = (t.flatten(2).unflatten(1, (block.heads, -1)).transpose(-1, -2).contiguous()
+                       for t in (self.query(x), k, v))
+            o = attend(q, k, v, q.shape[-1] ** -0.5).transpose(-1, -2).reshape(B, -1, H, W)
+            if self.out is not None:
+                o = self.out(o)
+            if self.gamma is not None:
+                o = self.gamma * o
+            return x + o if block.residual else o
+
+    return BlockPeer()

@@ -13,8 +13,18 @@ The model, per sample, for one forward + backward (training) of the block:
 - Linear term: the block's saved activations and their gradients, LIN_TRAIN x the forward's
   saved elements per token x N x bytes (LIN_TRAIN = 2.75 for the conv block, where 1x1 conv
   backward holds extra copies, and 1.3 for the token block, measured on warm runs; inference: 1).
+- Fused kernels (attn2d's, SDPA's flash, mem-efficient and cuDNN) store no N x M matrix; each
+  keeps one float32 log-sum-exp per head and query (and its backward one more, rowsum(dO * O)).
+  SDPA's flash backward and its mem-efficient backward in 16-bit add a float32 dQ accumulator
+  (torch's kernels; flash rounds the head width up to 32).
 - Not modelled: weights, optimizer state, the CUDA context (the `usable` memory of a device
   leaves 10% or at least 1 GiB for them).
+
+Every device is a CUDA GPU; each row says whether it runs there (`refusal`: SDPA's kernels by
+torch's sdp_utils rules, attn2d's by Triton's) and the recommendation is the fastest exact row
+that runs and fits, by SPEED_ORDER. `validate` measures the model: on the CPU the ProGAN blocks
+in a subprocess (peak resident memory), on CUDA every row that runs
+(torch.cuda.max_memory_allocated).
 """
 
 from __future__ import annotations
@@ -37,9 +47,39 @@ DEVICES = {
     "h200": ("H200 141 GB", 141.0 * 1e9 / GiB),
 }
 
+# Compute capability of each preset: which SDPA kernels and which Triton code paths exist.
+COMPUTE_CAPABILITY = {
+    "rtx3060": (8, 6), "t4": (7, 5), "rtx3090": (8, 6), "v100": (7, 0), "a100-40": (8, 0),
+    "a100-80": (8, 0), "h100": (9, 0), "h200": (9, 0),
+}
+# A card given only by --memory is taken to be sm80 or newer, and the plan's header says so.
+ASSUMED_CAPABILITY = (8, 0)
+
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
-IMPLEMENTATIONS = ("pytorch-unfused", "sdpa-math", "attn2d-global", "attn2d-local",
-                   "attn2d-downsampled")
+IMPLEMENTATIONS = ("pytorch-unfused", "sdpa-math", "sdpa-mem-efficient", "sdpa-flash",
+                   "sdpa-cudnn", "attn2d-global", "attn2d-local", "attn2d-downsampled")
+# Rows that compute exact global attention, fastest first on CUDA. An assumption, which
+# `attn2d plan --validate --device cuda` times: FlashAttention-2 and cuDNN beat a Triton port
+# of FlashAttention-2 on the shapes they accept; attn2d's Triton tiles fit E != Ev and narrow
+# heads (SAGAN's E=8, Ev=64), which mem-efficient runs in tiles cut for wider heads. Below sm80
+# Triton has no supported tensor-core path (sm70 falls back to FMA), so mem-efficient leads.
+SPEED_ORDER = ("sdpa-flash", "sdpa-cudnn", "attn2d-global", "sdpa-mem-efficient", "sdpa-math",
+               "pytorch-unfused")
+SPEED_ORDER_BELOW_SM80 = ("sdpa-flash", "sdpa-cudnn", "sdpa-mem-efficient", "attn2d-global",
+                          "sdpa-math", "pytorch-unfused")
+FUSED = ("sdpa-mem-efficient", "sdpa-flash", "sdpa-cudnn", "attn2d-global", "attn2d-local",
+         "attn2d-downsampled")
+# What runs each row on CUDA, for the recommendation's text.
+RUNS_ON = {
+    "pytorch-unfused": "the block's own matmul-softmax-matmul",
+    "sdpa-math": "torch SDPA's math kernel",
+    "sdpa-mem-efficient": "torch SDPA's mem-efficient kernel",
+    "sdpa-flash": "torch SDPA's flash kernel",
+    "sdpa-cudnn": "torch SDPA's cuDNN kernel",
+    "attn2d-global": "attn2d's Triton kernels",
+    "attn2d-local": "attn2d's Triton kernels",
+    "attn2d-downsampled": "attn2d's Triton kernels",
+}
 QUADRATIC_TRAIN = {"conv": 4, "tokens": 3}  # pytorch-unfused, by block kind
 QUADRATIC_TRAIN_SDPA_MATH = 3
 QUADRATIC_INFER = 2
@@ -259,6 +299,14 @@ def estimate(block: Block, setting: Setting, implementation: str) -> Estimate:
             linear = LIN_TRAIN[kind] * saved * n * e
     else:
         linear = saved * n * e
+    if implementation in FUSED:
+        linear += (2 if setting.training else 1) * block.heads * n * 4
+        if setting.training and (implementation == "sdpa-flash"
+                                 or (implementation == "sdpa-mem-efficient" and e == 2)):
+            width = block.qk_channels // block.heads
+            if implementation == "sdpa-flash":
+                width = -(-width // 32) * 32
+            linear += block.heads * n * width * 4
     if s > 1:
         # The stride-s conv's output and the transposed conv's full-size output (and grads).
         full = setting.height * setting.width
@@ -282,6 +330,85 @@ def usable_bytes(total_bytes: float) -> float:
     return total_bytes - max(1.0 * GiB, 0.1 * total_bytes)
 
 
+def _sm(capability: tuple[int, int]) -> str:
+    return f"sm{capability[0]}{capability[1]}"
+
+
+def _check_capability(capability: object) -> tuple[int, int]:
+    if (not isinstance(capability, tuple) or len(capability) != 2
+            or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0
+                       for x in capability)):
+        raise ValueError(f"attn2d.planner: capability must be a (major, minor) tuple of ints; "
+                         f"got {capability!r}")
+    return capability
+
+
+def _mem_efficient_alignment(half: bool, capability: tuple[int, int]) -> int:
+    """The head-width multiple SDPA's mem-efficient kernel needs: torch's
+    minimum_gemm_alignment (4 from sm80 on, 128 bits where tensor cores run the dtype)."""
+    tensor_cores = capability >= (8, 0) or (capability >= (7, 0) and half)
+    alignment = 4 if capability >= (8, 0) else 1
+    return max(alignment, 128 // (16 if half else 32)) if tensor_cores else alignment
+
+
+def refusal(block: Block, setting: Setting, implementation: str,
+            capability: tuple[int, int] = ASSUMED_CAPABILITY) -> str:
+    """Why `implementation` cannot run the block's global attention on a CUDA GPU of compute
+    capability `capability`, or "" where it can. SDPA's kernels follow torch's rules
+    (sdp_utils.cpp: can_use_flash_attention, can_use_mem_efficient_attention,
+    can_use_cudnn_attention), conservative where they vary with the torch or cuDNN version;
+    attn2d's rows run on its Triton kernels."""
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"attn2d.planner: implementation must be one of {IMPLEMENTATIONS}; "
+                         f"got {implementation!r}")
+    capability = _check_capability(capability)
+    sm, dtype = _sm(capability), setting.dtype
+    e, ev = block.qk_channels // block.heads, block.v_channels // block.heads
+    half = dtype in ("fp16", "bf16")
+    why = []
+    if implementation in ("pytorch-unfused", "sdpa-math"):
+        return ""
+    if implementation.startswith("attn2d"):
+        if capability < (7, 0):
+            why.append(f"Triton compiles for sm70 or newer, got {sm}")
+        elif dtype == "bf16" and capability < (8, 0):
+            why.append(f"Triton's bf16 needs sm80 or newer, got {sm} (use fp16)")
+    elif implementation == "sdpa-mem-efficient":
+        alignment = _mem_efficient_alignment(half, capability)
+        if capability < (5, 0):
+            why.append(f"needs sm50 or newer, got {sm}")
+        if dtype == "bf16" and capability < (8, 0):
+            why.append(f"bf16 needs sm80 or newer, got {sm}")
+        if e % alignment or ev % alignment:
+            why.append(f"needs head widths that are multiples of {alignment} in {dtype} on "
+                       f"{sm}, got E={e}, Ev={ev}")
+    else:
+        # flash and cuDNN: torch's rules, except that a head width off a multiple of 8 (which
+        # newer torch pads for flash) and cuDNN's E != Ev (which some cuDNN versions take)
+        # count as refusals, so that a plan never names a kernel an older install lacks.
+        limit = 256 if implementation == "sdpa-flash" else 128
+        if capability < (8, 0):
+            why.append(f"needs sm80 or newer, got {sm}")
+        if not half:
+            why.append(f"needs fp16 or bf16, got {dtype}")
+        if e != ev:
+            why.append(f"needs equal head widths, got E={e}, Ev={ev}")
+        elif e % 8:
+            why.append(f"needs a head width that is a multiple of 8, got E={e}")
+        elif e > limit:
+            why.append(f"takes head widths up to {limit}, got E={e}")
+        elif (implementation == "sdpa-flash" and setting.training and e > 192
+              and (capability[0] == 12 or (8, 6) <= capability <= (8, 9))):
+            why.append(f"its backward takes head widths up to 192 on {sm}, got E={e}")
+    return "; ".join(why)
+
+
+def speed_order(capability: tuple[int, int]) -> tuple[str, ...]:
+    """The exact global rows, fastest first on a GPU of this compute capability (an
+    assumption: see SPEED_ORDER)."""
+    return SPEED_ORDER if _check_capability(capability) >= (8, 0) else SPEED_ORDER_BELOW_SM80
+
+
 @dataclass
 class Plan:
     block: Block
@@ -291,45 +418,89 @@ class Plan:
     usable_bytes: float
     estimates: list[Estimate]
     recommendation: str
+    capability: tuple[int, int] = ASSUMED_CAPABILITY
 
 
 def plan(block: Block, setting: Setting, *, device: Optional[str] = None,
-         memory_gib: Optional[float] = None) -> Plan:
-    """Every implementation's memory, FLOPs, whether it fits and its largest batch, and a
-    recommendation: exact global attention if it fits, else the cheapest option that does."""
+         memory_gib: Optional[float] = None,
+         capability: Optional[tuple[int, int]] = None) -> Plan:
+    """Every implementation's memory, FLOPs, whether it runs on the GPU and fits, its largest
+    batch, and a recommendation: the fastest exact global path that runs and fits, else the
+    cheapest option that does. `device` is a preset of DEVICES (default rtx3090 unless
+    memory_gib is given); memory_gib overrides its memory; capability (major, minor) overrides
+    its compute capability (a card given by memory_gib alone is taken to be sm80)."""
+    if device is not None and device not in DEVICES:
+        raise ValueError(
+            f"attn2d.planner: unknown device {device!r}; presets: {', '.join(DEVICES)}"
+        )
+    key = device if device is not None or memory_gib is not None else "rtx3090"
     if memory_gib is not None:
         if not isinstance(memory_gib, (int, float)) or isinstance(memory_gib, bool) or memory_gib <= 0:
             raise ValueError(f"attn2d.planner: memory must be a positive number of GiB; got {memory_gib!r}")
-        name, total = f"{memory_gib:g} GiB", float(memory_gib) * GiB
+        total = float(memory_gib) * GiB
+        name = f"{DEVICES[key][0]} with {memory_gib:g} GiB" if key else f"{memory_gib:g} GiB"
     else:
-        key = device or "rtx3090"
-        if key not in DEVICES:
-            raise ValueError(
-                f"attn2d.planner: unknown device {key!r}; presets: {', '.join(DEVICES)}"
-            )
         name, total = DEVICES[key][0], DEVICES[key][1] * GiB
+    if capability is None:
+        capability = COMPUTE_CAPABILITY[key] if key else ASSUMED_CAPABILITY
+        if not key:
+            name += f" ({_sm(capability)} assumed)"
+    capability = _check_capability(capability)
     usable = usable_bytes(total)
     rows = []
     for impl in IMPLEMENTATIONS:
         est = estimate(block, setting, impl)
         est.fits = est.memory_bytes <= usable
         est.max_batch = int(usable // est.per_sample_bytes) if est.per_sample_bytes > 0 else None
+        refused = refusal(block, setting, impl, capability)
+        if refused:
+            est.available, est.note = False, refused
+        elif impl == "attn2d-global" and capability < (8, 0):
+            est.note = (f"{_sm(capability)} is below the sm80 Triton supports: ranked after "
+                        "sdpa-mem-efficient")
         rows.append(est)
+    rec = _recommend(block, rows, name, usable, capability)
+    return Plan(block, setting, name, total, usable, rows, rec, capability)
+
+
+def _recommend(block: Block, rows: list[Estimate], device: str, usable: float,
+               capability: tuple[int, int]) -> str:
     by = {r.implementation: r for r in rows}
-    if by["attn2d-global"].fits:
-        rec = ("attn2d-global: exact global attention fits "
-               f"({_gib(by['attn2d-global'].memory_bytes)} of {_gib(usable)} usable)")
-        if not by["pytorch-unfused"].fits:
-            rec += (f"; the unfused PyTorch block needs {_gib(by['pytorch-unfused'].memory_bytes)}"
-                    " and does not fit")
-    else:
+    order = [by[name] for name in speed_order(capability)]
+    chosen = next((r for r in order if r.available and r.fits), None)
+    if chosen is None:
         options = [r for r in rows if r.fits and r.available]
-        if options:
-            best = min(options, key=lambda r: r.flops)
-            rec = f"{best.implementation}: the cheapest option that fits ({best.note or 'exact'})"
+        if not options:
+            return "nothing fits at this batch: lower the batch (see max batch) or the resolution"
+        best = min(options, key=lambda r: r.flops)
+        return (f"{best.implementation}: no exact global path fits; the cheapest option that "
+                f"fits ({best.note or 'exact'})")
+    name = chosen.implementation
+    rec = (f"{name}: {RUNS_ON[name]}, the fastest exact path that runs on {device} "
+           f"({_sm(capability)}) and fits ({_gib(chosen.memory_bytes)} of {_gib(usable)} usable)")
+    if name in ("sdpa-flash", "sdpa-cudnn"):
+        rec += "; attn2d's 'auto' backend hands it the global calls it accepts"
+    rec += "."
+    refused: dict[str, list[str]] = {}
+    too_big = []
+    for r in order[:order.index(chosen)]:
+        if r.available:
+            too_big.append(f"{r.implementation} needs {_gib(r.memory_bytes)} and does not fit")
         else:
-            rec = "nothing fits at this batch: lower the batch (see max batch) or the resolution"
-    return Plan(block, setting, name, total, usable, rows, rec)
+            refused.setdefault(r.note, []).append(r.implementation)
+    passed = [f"{' and '.join(names)} {'refuses' if len(names) == 1 else 'refuse'} ({why})"
+              for why, names in refused.items()] + too_big
+    if passed:
+        rec += " Faster paths passed over: " + "; ".join(passed) + "."
+    if name == "attn2d-global" and by["sdpa-mem-efficient"].available:
+        e, ev = block.qk_channels // block.heads, block.v_channels // block.heads
+        rec += (f" sdpa-mem-efficient also runs; it ranks after attn2d's Triton kernels at "
+                f"E={e}, Ev={ev} (an assumption, planner.SPEED_ORDER, which "
+                "`attn2d plan --validate --device cuda` times).")
+    if name != "pytorch-unfused" and not by["pytorch-unfused"].fits:
+        rec += (f" The unfused PyTorch block needs {_gib(by['pytorch-unfused'].memory_bytes)}"
+                " and does not fit.")
+    return rec
 
 
 def _gib(n: float) -> str:
@@ -341,17 +512,16 @@ def format_plan(p: Plan) -> str:
     lines = [
         f"{p.block.name}: {s.height}x{s.width}, batch {s.batch}, {s.dtype}, "
         f"{'training' if s.training else 'inference'}, pattern {s.pattern.label()}"
-        f"{', checkpointing' if s.checkpoint else ''} on {p.device} "
+        f"{', checkpointing' if s.checkpoint else ''} on {p.device}, {_sm(p.capability)} "
         f"({_gib(p.usable_bytes)} usable)",
         "",
-        "| implementation | peak memory | fits | max batch | GFLOP | note |",
-        "|---|---|---|---|---|---|",
+        "| implementation | runs | peak memory | fits | max batch | GFLOP | note |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in p.estimates:
-        avail = "" if r.available else " (not available)"
         lines.append(
-            f"| {r.implementation}{avail} | {_gib(r.memory_bytes)} | {'yes' if r.fits else 'NO'} | "
-            f"{r.max_batch} | {r.flops / 1e9:,.1f} | {r.note} |"
+            f"| {r.implementation} | {'yes' if r.available else 'no'} | {_gib(r.memory_bytes)} | "
+            f"{'yes' if r.fits else 'NO'} | {r.max_batch} | {r.flops / 1e9:,.1f} | {r.note} |"
         )
     lines += ["", f"Recommendation: {p.recommendation}"]
     return "\n".join(lines)
@@ -366,6 +536,7 @@ def plan_to_dict(p: Plan) -> dict:
         "usable_bytes": p.usable_bytes,
         "estimates": [asdict(r) for r in p.estimates],
         "recommendation": p.recommendation,
+        "compute_capability": list(p.capability),
     }
 
 
@@ -428,3 +599,291 @@ def _hardware_table(block: Block) -> str:
         rec = plan(block, Setting(256, 256, 8), device=key).recommendation.split(":")[0]
         lines.append(f"| {name} | {largest('pytorch-unfused')} | {largest('attn2d-global')} | {rec} |")
     return "\n".join(lines)
+
+
+# Bounds of `validate`, as tests/python/test_planner.py holds the model on the CPU: rows that
+# store N x M matrices within 15% of the measurement, fused rows within 25%.
+QUADRATIC_BOUND, FUSED_BOUND = 0.15, 0.25
+VALIDATION_DEVICES = ("cpu", "cuda")
+# A measured row beats the recommended one only by more than this, to rise above timing noise.
+SPEED_MARGIN = 1.10
+
+
+@dataclass
+class Check:
+    """One row of a validation: the model's peak memory against the measured one. measured_bytes
+    and seconds (one step) are None where the row did not run; `ran` says what ran, or why not."""
+
+    implementation: str
+    predicted_bytes: float
+    measured_bytes: Optional[float]
+    seconds: Optional[float]
+    bound: float
+    ran: str
+
+    @property
+    def error(self) -> Optional[float]:
+        if not self.measured_bytes:
+            return None
+        return abs(self.predicted_bytes - self.measured_bytes) / self.measured_bytes
+
+    @property
+    def within_bound(self) -> bool:
+        return self.error is None or self.error <= self.bound
+
+
+@dataclass
+class Validation:
+    """The checks of one block and setting on a device; `problems` lists each check out of its
+    bound, each kernel the plan says runs but torch refuses, and a recommended row that
+    measured slower than another; `plan` is the plan for this GPU (None on the CPU)."""
+
+    block: Block
+    setting: Setting
+    device: str
+    checks: list[Check]
+    problems: list[str]
+    plan: Optional[Plan] = None
+
+
+def validate(block: Block, setting: Setting, device: str = "cpu") -> Validation:
+    """The model against measured memory of one step of the block. device "cpu": the ProGAN
+    blocks (attn2d.unfused_blocks, and attn2d.nn's counterparts on the C++ kernels), in fp32
+    training, each in a fresh process (peak resident memory, attn2d.memory.measure). device
+    "cuda": every exact global row the plan for this GPU says runs, its
+    torch.cuda.max_memory_allocated growth over a warm step, its time, and torch's own verdict
+    on each SDPA kernel. Raises ValueError where the device or setting cannot be measured."""
+    if device not in VALIDATION_DEVICES:
+        raise ValueError(f"attn2d.planner: device must be one of {VALIDATION_DEVICES}; "
+                         f"got {device!r}")
+    unmeasured = [name for name, on in (("a pattern", setting.pattern.kind != "global"),
+                                        ("downsample", setting.downsample != 1),
+                                        ("checkpoint", setting.checkpoint)) if on]
+    if unmeasured:
+        raise ValueError(f"attn2d.planner: validate measures global attention on the full map; "
+                         f"drop {', '.join(unmeasured)}")
+    return _validate_cpu(block, setting) if device == "cpu" else _validate_cuda(block, setting)
+
+
+def _progan_module_name(block: Block) -> Optional[str]:
+    """attn2d.unfused_blocks' name of the block if it is one of the ProGAN blocks, else None."""
+    tokens, conv = progan_blocks(block.channels)
+    return {tokens: "SelfAttention", conv: "SelfAttention2"}.get(block)
+
+
+def _validate_cpu(block: Block, setting: Setting) -> Validation:
+    from .memory import measure
+
+    module = _progan_module_name(block)
+    if module is None:
+        raise ValueError(f"attn2d.planner: validate on the CPU measures the ProGAN blocks "
+                         f"(progan_blocks) only; got {block.name!r}")
+    if setting.dtype != "fp32" or not setting.training:
+        raise ValueError(f"attn2d.planner: validate on the CPU measures fp32 training; got "
+                         f"{setting.dtype} {'training' if setting.training else 'inference'}")
+    if setting.height != setting.width:
+        raise ValueError(f"attn2d.planner: the ProGAN blocks take square maps; got "
+                         f"{setting.height}x{setting.width}")
+    checks = []
+    for implementation, probe_impl, bound in (("pytorch-unfused", "original", QUADRATIC_BOUND),
+                                              ("attn2d-global", "attn2d", FUSED_BOUND)):
+        measured = measure(dict(block=module, impl=probe_impl, res=setting.height,
+                                channels=block.channels, batch=setting.batch))
+        checks.append(Check(
+            implementation, estimate(block, setting, implementation).memory_bytes,
+            measured["peak_above_baseline_bytes"],
+            measured["forward_s"] + measured["backward_s"], bound,
+            f"attn2d.unfused_blocks.{module}" if probe_impl == "original"
+            else "attn2d.nn on the C++ kernels"))
+    problems = [f"{c.implementation}: {100 * c.error:.1f}% off (bound {100 * c.bound:.0f}%)"
+                for c in checks if not c.within_bound]
+    return Validation(block, setting, "cpu", checks, problems)
+
+
+def _attn2d_module(block: Block):
+    """attn2d.nn's module for the block, or None where its arguments cannot express it."""
+    from . import nn as attn2d_nn
+
+    if block.kind == "tokens":
+        return attn2d_nn.MultiheadSelfAttention2d(block.channels, block.heads)
+    ratio = block.channels // block.qk_channels
+    if ratio < 1 or block.channels // ratio != block.qk_channels:
+        return None
+    return attn2d_nn.SelfAttention2d(
+        block.channels, qk_ratio=ratio, v_channels=block.v_channels, heads=block.heads,
+        pool_kv=block.pool_kv, out_conv=block.out_conv, gamma=block.gamma,
+        residual=block.residual, scale=None)
+
+
+def _validate_cuda(block: Block, setting: Setting) -> Validation:
+    import torch
+
+    from .memory import cuda_step_peak
+
+    if not torch.cuda.is_available():
+        raise ValueError("attn2d.planner: device 'cuda' (--device cuda): no CUDA device here "
+                         "(torch.cuda.is_available() is False)")
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    gpu_plan = plan(block, setting, memory_gib=props.total_memory / GiB,
+                    capability=torch.cuda.get_device_capability())
+    gpu_plan.device = props.name
+    return _measure_rows(block, setting, gpu_plan, "cuda", cuda_step_peak)
+
+
+def _measure_rows(block: Block, setting: Setting, gpu_plan: Plan, device: str,
+                  measure_step) -> Validation:
+    """Runs each exact row that gpu_plan says runs, on `device`, through
+    measure_step(step) -> (peak bytes, seconds), and checks torch's verdict on the SDPA rows."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from . import backends
+    from .memory import block_peer
+    from .peers import unfused
+
+    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[setting.dtype]
+    x = torch.randn(setting.batch, block.channels, setting.height, setting.width,
+                    device=device, dtype=dtype)
+    grad = torch.randn_like(x)
+
+    def forced(backend):
+        def attend(q, k, v, scale):
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, scale=scale)
+        return attend
+
+    sdpa = {"sdpa-math": (SDPBackend.MATH, None),
+            "sdpa-mem-efficient": (SDPBackend.EFFICIENT_ATTENTION,
+                                   torch.backends.cuda.can_use_efficient_attention),
+            "sdpa-flash": (SDPBackend.FLASH_ATTENTION,
+                           torch.backends.cuda.can_use_flash_attention),
+            "sdpa-cudnn": (SDPBackend.CUDNN_ATTENTION,
+                           torch.backends.cuda.can_use_cudnn_attention)}
+    n = setting.height * setting.width
+    m = max(setting.height // block.pool_kv, 1) * max(setting.width // block.pool_kv, 1)
+    e, ev = block.qk_channels // block.heads, block.v_channels // block.heads
+
+    def torch_accepts(can_use) -> bool:
+        def make(length, width):
+            return torch.empty(setting.batch, block.heads, length, width, device=device,
+                               dtype=dtype, requires_grad=setting.training)
+        params = torch.backends.cuda.SDPAParams(make(n, e), make(m, e), make(m, ev), None, 0.0,
+                                                False, False)
+        return bool(can_use(params, False))
+
+    def module_for(implementation: str):
+        """(module, what ran, the backend setting to run it under)."""
+        if implementation == "pytorch-unfused":
+            name = _progan_module_name(block)
+            if name is not None:
+                from .unfused_blocks import make_pair
+
+                return make_pair(name, block.channels)[0], f"attn2d.unfused_blocks.{name}", None
+            return block_peer(block, unfused), "the block around matmul-softmax-matmul", None
+        if implementation == "attn2d-global":
+            module = _attn2d_module(block)
+            if module is not None:
+                return module, f"attn2d.nn.{type(module).__name__}, Triton", "triton"
+            return (block_peer(block, _attn2d_attention), "the block around attn2d.attention, "
+                    "Triton", "triton")
+        backend = sdpa[implementation][0]
+        return block_peer(block, forced(backend)), f"the block around SDPA {backend.name}", None
+
+    checks, problems, seconds = [], [], {}
+    for implementation in speed_order(gpu_plan.capability):
+        est = next(r for r in gpu_plan.estimates if r.implementation == implementation)
+        bound = FUSED_BOUND if implementation in FUSED else QUADRATIC_BOUND
+        can_use = sdpa.get(implementation, (None, None))[1]
+        accepted = est.available if can_use is None else torch_accepts(can_use)
+        if accepted and not est.available:
+            est.note += " (torch accepts it here: the planner's rule is conservative)"
+        if not (accepted and est.available):
+            if est.available:
+                problems.append(f"{implementation}: the plan says it runs; torch refuses it")
+            why = est.note if not est.available else "torch refuses it"
+            checks.append(Check(implementation, est.memory_bytes, None, None, bound,
+                                f"not run: {why}"))
+            continue
+        module, ran, backend = module_for(implementation)
+        module = module.to(device, dtype)
+
+        def step():
+            with backends.use_backend(backend or "auto"):
+                if setting.training:
+                    module(x).backward(grad)
+                else:
+                    with torch.no_grad():
+                        module(x)
+
+        try:
+            peak, step_s = measure_step(step)
+        except torch.cuda.OutOfMemoryError:
+            checks.append(Check(implementation, est.memory_bytes, None, None, bound,
+                                f"{ran}: out of memory"))
+            if est.fits:
+                problems.append(f"{implementation}: the plan says it fits; it ran out of memory")
+            continue
+        except (RuntimeError, ValueError) as err:
+            checks.append(Check(implementation, est.memory_bytes, None, None, bound,
+                                f"{ran}: failed: {str(err).splitlines()[0]}"))
+            problems.append(f"{implementation}: the plan says it runs; it failed")
+            continue
+        finally:
+            del module
+            torch.cuda.empty_cache()
+        seconds[implementation] = step_s
+        check = Check(implementation, est.memory_bytes, peak, step_s, bound, ran)
+        checks.append(check)
+        if not check.within_bound:
+            problems.append(f"{implementation}: {100 * check.error:.1f}% off "
+                            f"(bound {100 * bound:.0f}%)")
+    recommended = gpu_plan.recommendation.split(":")[0]
+    if seconds and recommended in seconds:
+        fastest = min(seconds, key=seconds.get)
+        if seconds[recommended] > SPEED_MARGIN * seconds[fastest]:
+            problems.append(f"speed order: {fastest} ({1e3 * seconds[fastest]:.2f} ms) beat the "
+                            f"recommended {recommended} ({1e3 * seconds[recommended]:.2f} ms)")
+    return Validation(block, setting, gpu_plan.device, checks, problems, gpu_plan)
+
+
+def _attn2d_attention(q, k, v, scale):
+    from .functional import attention
+
+    return attention(q, k, v, scale=scale)
+
+
+def _mib(n: float) -> str:
+    return f"{n / (1 << 20):,.1f} MiB"
+
+
+def format_validation(v: Validation) -> str:
+    s = v.setting
+    lines = [
+        f"{v.block.name}: {s.height}x{s.width}, batch {s.batch}, {s.dtype}, "
+        f"{'training' if s.training else 'inference'}, measured on {v.device}",
+        "",
+        "| implementation | predicted | measured | off | bound | step ms | ran |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for c in v.checks:
+        measured = "-" if c.measured_bytes is None else _mib(c.measured_bytes)
+        off = "-" if c.error is None else f"{100 * c.error:.1f}%"
+        ms = "-" if c.seconds is None else f"{1e3 * c.seconds:.2f}"
+        lines.append(f"| {c.implementation} | {_mib(c.predicted_bytes)} | {measured} | {off} | "
+                     f"{100 * c.bound:.0f}% | {ms} | {c.ran} |")
+    if v.plan is not None:
+        lines += ["", f"Plan's recommendation: {v.plan.recommendation}"]
+    lines += [""] + ([f"Problem: {p}" for p in v.problems] or ["Every check within its bound."])
+    return "\n".join(lines)
+
+
+def validation_to_dict(v: Validation) -> dict:
+    return {
+        "block": asdict(v.block),
+        "setting": {**asdict(v.setting), "pattern": v.setting.pattern.label()},
+        "device": v.device,
+        "checks": [{**asdict(c), "error": c.error} for c in v.checks],
+        "problems": v.problems,
+        "recommendation": v.plan.recommendation if v.plan is not None else None,
+    }
