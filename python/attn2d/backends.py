@@ -151,7 +151,8 @@ def choose_backend(fn: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     fast = "" if sdpa_refusal else _sdpa_fast_kernel(q, k, v, attn_mask, is_causal)
     if fast:
         return BackendChoice(
-            "sdpa", f"global attention that SDPA's {fast} kernel accepts",
+            "sdpa", f"global attention that SDPA's {fast} kernel accepts (it has no double "
+            "backward: for gradient penalties through it, use_backend('triton'))",
             (("cpu", cpu_refusal), ("triton", triton_refusal or f"SDPA's {fast} kernel is faster")))
     if triton_refusal:
         if sdpa_refusal:

@@ -71,9 +71,7 @@ def _time_step(fn, leaves) -> float:
     for t in leaves:
         t.grad = None
     t0 = time.perf_counter()
-    penalty = fn()
-    with contextlib.nullcontext():
-        penalty.backward()
+    fn().backward()
     return time.perf_counter() - t0
 
 
@@ -103,6 +101,39 @@ def run_case(channels: int, res: int, reps: int, with_memory: bool = True) -> di
 def run(resolutions=(64, 128), channels: int = 64, reps: int = 5,
         with_memory: bool = True) -> list[dict]:
     return [run_case(channels, res, reps, with_memory) for res in resolutions]
+
+
+def machine_name() -> str:
+    """The CPU's model name (/proc/cpuinfo) or the platform's, and the kernels' SIMD target."""
+    import platform
+
+    import attn2d
+
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    name = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{name} ({attn2d.cpu_simd_target()} kernels)"
+
+
+def write(out_dir: str, rows: list[dict]) -> str:
+    """Writes bench_double_backward.json and .md under out_dir; returns the markdown."""
+    import json
+    import os
+
+    os.makedirs(out_dir, exist_ok=True)
+    text = markdown(rows, machine_name())
+    with open(os.path.join(out_dir, "bench_double_backward.json"), "w") as f:
+        json.dump({"machine": machine_name(), "torch": torch.__version__, "rows": rows}, f,
+                  indent=2)
+    with open(os.path.join(out_dir, "bench_double_backward.md"), "w") as f:
+        f.write(text)
+    return text
 
 
 def markdown(rows: list[dict], machine: str) -> str:

@@ -113,16 +113,20 @@ def _median(fn: Callable[[], object], reps: int) -> float:
     return statistics.median(times)
 
 
-def _mask_mod(case: PatternCase):
-    """The pattern as FlexAttention's mask_mod, computed from indices (no dense mask)."""
+def _mask_mod(case: PatternCase, device="cpu"):
+    """The pattern as FlexAttention's mask_mod, computed from indices (no dense mask); the
+    tensors it reads live on `device`, where create_block_mask evaluates it."""
     (hq, wq), (hk, wk) = case.q_hw, case.kv_hw
     p = case.pattern
     if isinstance(p, Window):
         d, k = p.dilation, p.size
         lo, r = -(k // 2), k // 2
 
+        def centre(q_idx):
+            return (q_idx // wq) * hk // hq, (q_idx % wq) * wk // wq
+
         def window_mod(b, h, q_idx, kv_idx):
-            ci, cj = (q_idx // wq) * hk // hq, (q_idx % wq) * wk // wq
+            ci, cj = centre(q_idx)
             dr, dc = kv_idx // wk - ci, kv_idx % wk - cj
             di, dj = dr // d, dc // d  # floor division, as in Window.allowed_rows
             ok = (dr % d == 0) & (dc % d == 0) & (di >= lo) & (di < lo + k) & (dj >= lo) & (dj < lo + k)
@@ -132,14 +136,26 @@ def _mask_mod(case: PatternCase):
                 ok = ok & (di * di + dj * dj <= r * r)
             return ok
 
-        if p.border != "clip":
-            return None  # not expressed here
-        return window_mod
+        def shifted_start(c, length):
+            # Window._shifted_starts: the window slides inside the map within c's residue class.
+            group = c % d
+            count = (length - group + d - 1) // d
+            t = (c - group) // d + lo
+            return group + d * torch.minimum(t.clamp(min=0), count - k)
+
+        def shifted_mod(b, h, q_idx, kv_idx):
+            ci, cj = centre(q_idx)
+            dr = kv_idx // wk - shifted_start(ci, hk)
+            dc = kv_idx % wk - shifted_start(cj, wk)
+            return ((dr >= 0) & (dr < d * k) & (dr % d == 0)
+                    & (dc >= 0) & (dc < d * k) & (dc % d == 0))
+
+        return window_mod if p.border == "clip" else shifted_mod
     n = hk * wk
     l = max(math.isqrt(n), 1)
-    rank = P.manhattan_order(case.kv_hw)
-    qpos = p.query_positions(case.q_hw, case.kv_hw)
-    kinds = torch.tensor([P.YLG_PATTERNS.index(kind) for kind in p.patterns])
+    rank = P.manhattan_order(case.kv_hw).to(device)
+    qpos = p.query_positions(case.q_hw, case.kv_hw).to(device)
+    kinds = torch.tensor([P.YLG_PATTERNS.index(kind) for kind in p.patterns], device=device)
 
     def ylg_mod(b, h, q_idx, kv_idx):
         r, c, kind = qpos[q_idx], rank[kv_idx], kinds[h]
@@ -154,17 +170,14 @@ def _mask_mod(case: PatternCase):
 
 
 def flex_forward(case: PatternCase, q, k, v) -> Optional[Callable]:
-    """FlexAttention's compiled CPU forward with the pattern as its block mask (None where
-    Flex or this pattern's mask_mod is unavailable); compiles on its first call."""
+    """FlexAttention's compiled forward on q's device with the pattern as its block mask (None
+    where Flex is unavailable); compiles on its first call."""
     try:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     except ImportError:
         return None
-    mask_mod = _mask_mod(case)
-    if mask_mod is None:
-        return None
-    block_mask = create_block_mask(mask_mod, None, case.heads, q.shape[2], k.shape[2],
-                                   device="cpu")
+    block_mask = create_block_mask(_mask_mod(case, q.device), None, case.heads, q.shape[2],
+                                   k.shape[2], device=q.device)
     compiled = torch.compile(flex_attention)
 
     def run():
@@ -222,8 +235,8 @@ def run_case(case: PatternCase, reps: int, with_memory: bool, with_flex: bool,
         try:
             flex = flex_forward(case, q4, k4, v4)
             if flex is None:
-                results["flex-forward"] = {"skipped": "FlexAttention or this pattern's "
-                                                      "mask_mod unavailable"}
+                results["flex-forward"] = {"skipped": "FlexAttention is unavailable in this "
+                                                      "torch"}
             else:
                 results["flex-forward"] = {"forward_s": _median(flex, reps)}
         except Exception as err:  # noqa: BLE001 -- torch.compile fails in many ways; report it

@@ -16,37 +16,60 @@ def main(argv: list[str] | None = None) -> int:
         help="self-attention forward+backward on maps up to 256x256: time and measured memory",
     )
     demo.add_argument("--out", default="attn2d-report", help="folder for the markdown report")
+    _add_device_option(demo)
     _add_plan_parser(sub)
-    bench = sub.add_parser("bench", help="attn2d side by side with PyTorch's CPU attention")
-    bench.add_argument("--out", default="attn2d-report", help="folder for bench.json/.md/.png")
+    bench = sub.add_parser("bench", help="attn2d side by side with PyTorch's attention (and, "
+                           "with --device cuda, FlexAttention and NATTEN on the GPU)")
+    bench.add_argument("--out", default="attn2d-report",
+                       help="folder for bench.json/.md/.png (bench_cuda.json/.md with --device "
+                       "cuda)")
     bench.add_argument("--reps", type=int, default=5, help="timed runs per measurement")
-    bench.add_argument("--quick", action="store_true", help="two small cases only")
-    bench.add_argument("--no-memory", action="store_true", help="skip the subprocess memory runs")
+    bench.add_argument("--quick", action="store_true",
+                       help="small cases only (two on the CPU; one of each kind on CUDA)")
+    bench.add_argument("--no-memory", action="store_true",
+                       help="skip the memory runs (subprocesses on the CPU; on CUDA, the peak "
+                       "memory columns and the planner's cases)")
     bench.add_argument("--thread-scaling", action="store_true",
                        help="also time attn2d on one thread (the threads target)")
     bench.add_argument("--paired-seconds", type=float, default=None,
                        help="least time for each of attn2d's interleaved pairs (fp32/bf16, "
                        "1/all threads) whose ratios are targets (default 4); with --patterns, "
-                       "for each case's global and pattern steps (default 40)")
+                       "for each case's global and pattern steps (default 40); with --device "
+                       "cuda, for each case's interleaved implementations (default 1)")
     bench.add_argument("--cases", default=None,
                        help="comma-separated substrings: run only the cases whose names match")
     bench.add_argument("--patterns", action="store_true",
                        help="local/sparse patterns against global, dense-masked and Flex")
+    bench.add_argument("--double-backward", action="store_true",
+                       help="an R1 penalty step through a SAGAN block at 64x64 and 128x128 "
+                       "against torch's math path (time and peak memory)")
+    _add_device_option(bench)
     _add_train_gan_parser(sub)
     args = parser.parse_args(argv)
+    if args.command in ("demo", "bench", "train-gan") and _cuda_missing(args.command, args.device):
+        return 2
     if args.command == "train-gan":
         return _train_gan(parser, args)
     if args.command == "plan":
         return _plan(parser, args)
+    if args.command == "bench" and args.double_backward:
+        return _bench_double_backward(args)
     if args.command == "bench":
-        if not args.patterns and not _tools_present("bench", "matplotlib"):
+        on_cpu = args.device == "cpu"
+        if on_cpu and not args.patterns and not _tools_present("bench", "matplotlib"):
+            return 2
+        if args.thread_scaling and not on_cpu:
+            print("attn2d bench: error: --thread-scaling times CPU threads; it does not go with "
+                  "--device cuda", file=sys.stderr)
             return 2
         from . import bench as bench_module
-        from . import bench_patterns
+        from . import bench_cuda, bench_patterns
 
-        module = bench_patterns if args.patterns else bench_module
+        module = bench_cuda if not on_cpu else bench_patterns if args.patterns else bench_module
         try:
             cases = module.quick_cases() if args.quick else module.default_cases()
+            if args.patterns and not on_cpu:
+                cases = [c for c in cases if bench_cuda.is_pattern_case(c)]
             if args.cases:
                 wanted = [w.strip() for w in args.cases.split(",") if w.strip()]
                 cases = [c for c in cases if any(w in c.name for w in wanted)]
@@ -55,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
             extra = {"thread_scaling": True} if args.thread_scaling and not args.patterns else {}
             if args.paired_seconds is not None:
                 extra["paired_seconds"] = args.paired_seconds
+            if not on_cpu:
+                extra["device"] = args.device
             module.run(args.out, cases=cases, reps=args.reps, with_memory=not args.no_memory,
                        log=lambda line: print(line, flush=True), **extra)
         except ValueError as err:
@@ -69,8 +94,51 @@ def main(argv: list[str] | None = None) -> int:
         def log(line: str) -> None:
             print(line, flush=True)
 
-        demo_module.run(out_dir=args.out, log=log)
+        demo_module.run(out_dir=args.out, log=log, device=args.device)
     return 0
+
+
+def _bench_double_backward(args) -> int:
+    if args.device != "cpu" or args.patterns or args.thread_scaling:
+        print("attn2d bench: error: --double-backward runs on the CPU alone, without "
+              "--patterns or --thread-scaling", file=sys.stderr)
+        return 2
+    if args.reps < 1:
+        print(f"attn2d bench: error: --reps must be >= 1; got {args.reps}", file=sys.stderr)
+        return 2
+    from . import bench_double_backward
+
+    resolutions = (32,) if args.quick else (64, 128)
+    rows = []
+    for res in resolutions:
+        print(f"R1 step at {res}x{res}: attn2d and the math path interleaved, {args.reps} reps",
+              flush=True)
+        rows.append(bench_double_backward.run_case(64, res, args.reps, not args.no_memory))
+    print(bench_double_backward.write(args.out, rows))
+    return 0
+
+
+def _add_device_option(parser) -> None:
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where tensors and modules live (default: cpu); cuda times with "
+                        "CUDA events and measures memory with torch.cuda.max_memory_allocated")
+
+
+def _cuda_missing(command: str, device: str) -> bool:
+    """Whether `--device cuda` was asked for where torch sees no CUDA device; if so, says so on
+    stderr before any work starts."""
+    if device != "cuda":
+        return False
+    import torch
+
+    if torch.cuda.is_available():
+        return False
+    why = (f"torch {torch.__version__} is built without CUDA" if torch.version.cuda is None
+           else f"torch {torch.__version__} is built for CUDA {torch.version.cuda} and finds "
+           "no GPU")
+    print(f"attn2d {command}: error: --device cuda: torch sees no CUDA device ({why})",
+          file=sys.stderr)
+    return True
 
 
 def _tools_present(command: str, *modules: str) -> bool:
@@ -95,8 +163,9 @@ def _add_train_gan_parser(sub) -> None:
         help="train a SAGAN-style GAN with global vs YLG (or other) attention on real images; "
         "report time, memory, SWD, FID/KID",
         description="SAGAN (global attention) against YLG-SAGAN and other attention schedules, "
-        "trained on CPU. Each variant trains in its own process; under torchrun (gloo) every "
-        "rank trains with DistributedDataParallel.")
+        "trained on the CPU or, with --device cuda, a GPU. Each variant trains in its own "
+        "process; under torchrun (gloo; NCCL with --device cuda) every rank trains with "
+        "DistributedDataParallel.")
     p.add_argument("--variants", default="global,ylg",
                    help=f"comma-separated, from {', '.join(VARIANTS)} (default: global,ylg)")
     p.add_argument("--steps", type=int, default=d.steps)
@@ -113,6 +182,14 @@ def _add_train_gan_parser(sub) -> None:
     p.add_argument("--lr-g", type=float, default=d.lr_g)
     p.add_argument("--lr-d", type=float, default=d.lr_d)
     p.add_argument("--bf16", action="store_true", help="bfloat16 autocast")
+    p.add_argument("--r1", type=float, default=d.r1, metavar="GAMMA",
+                   help="R1 gradient penalty on real images with this gamma (0: off), lazily "
+                   "every --r1-every steps as in StyleGAN2")
+    p.add_argument("--r1-every", type=int, default=d.r1_every,
+                   help=f"steps between R1 penalty steps (default {d.r1_every})")
+    p.add_argument("--gp", type=float, default=d.gp, metavar="LAMBDA",
+                   help="WGAN-GP gradient penalty weight, at points between real and fake "
+                   "(0: off; 10 is the paper's)")
     p.add_argument("--grad-checkpoint", action="store_true",
                    help="recompute the attention blocks in backward")
     p.add_argument("--data", default=None,
@@ -135,6 +212,7 @@ def _add_train_gan_parser(sub) -> None:
                    help="train the variants in this process (no subprocess per variant)")
     p.add_argument("--no-reference", action="store_true",
                    help="skip the real-vs-real reference row of the report")
+    _add_device_option(p)
 
 
 def _train_gan(parser, args) -> int:
@@ -167,16 +245,22 @@ def _train_gan(parser, args) -> int:
     cfg = train.TrainConfig(
         steps=args.steps, batch=args.batch, res=args.res, width=args.width,
         attn_res=args.attn_res, heads=args.heads, pool_kv=args.pool_kv, window_sizes=sizes,
-        lr_g=args.lr_g, lr_d=args.lr_d, bf16=args.bf16, grad_checkpoint=args.grad_checkpoint,
+        lr_g=args.lr_g, lr_d=args.lr_d, bf16=args.bf16, r1=args.r1, r1_every=args.r1_every,
+        gp=args.gp, grad_checkpoint=args.grad_checkpoint,
         data=args.data, data_limit=args.data_limit, out=args.out, seed=args.seed,
         sample_every=args.sample_every, ckpt_every=args.ckpt_every,
         eval_every=args.eval_every, eval_samples=args.eval_samples,
-        swd_samples=args.swd_samples, log_every=args.log_every, resume=args.resume)
+        swd_samples=args.swd_samples, log_every=args.log_every, resume=args.resume,
+        device=args.device)
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     if distributed:
+        import torch
         import torch.distributed as dist
 
-        dist.init_process_group("gloo")
+        if args.device == "cuda":
+            # One GPU a rank: torchrun's LOCAL_RANK picks it before NCCL starts.
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
     try:
         for v in variants:
             dataclasses.replace(cfg, variant=v).check()
@@ -227,6 +311,12 @@ def _add_plan_parser(sub) -> None:
     p.add_argument("--gpu", default=None, help="device preset: " + ", ".join(DEVICES))
     p.add_argument("--memory", type=float, default=None, help="device memory in GiB")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--validate", action="store_true",
+                   help="measure the model on this machine instead of planning: on --device cpu "
+                   "the ProGAN blocks' peak memory in fp32 training; on --device cuda every "
+                   "exact row that runs on this GPU (torch.cuda.max_memory_allocated, time)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                   help="where --validate measures (default: cpu)")
     p.add_argument("--tables", type=_tables_arg, default=None, metavar="resolution,hardware",
                    help="print the SAGAN block's reference tables, computed: resolution (memory "
                    "against resolution), hardware (what each device preset trains); a comma list")
@@ -267,11 +357,24 @@ def _plan(parser, args) -> int:
             blocks = [planner.Block("custom conv block", "conv", args.channels, heads=args.heads,
                                     qk_channels=args.qk_channels, v_channels=args.v_channels,
                                     pool_kv=args.pool)]
-        plans = [planner.plan(b, setting, device=args.gpu, memory_gib=args.memory)
-                 for b in blocks]
+        if args.device is not None and not args.validate:
+            raise ValueError("--device says where --validate measures; add --validate")
+        if args.validate:
+            if args.gpu is not None or args.memory is not None:
+                raise ValueError("--validate measures this machine: leave out --gpu and --memory")
+            validations = [planner.validate(b, setting, args.device or "cpu") for b in blocks]
+        else:
+            plans = [planner.plan(b, setting, device=args.gpu, memory_gib=args.memory)
+                     for b in blocks]
     except (ValueError, TypeError) as err:
         print(f"attn2d plan: error: {err}", file=sys.stderr)
         return 2
+    if args.validate:
+        if args.json:
+            print(json.dumps([planner.validation_to_dict(v) for v in validations], indent=2))
+        else:
+            print("\n\n".join(planner.format_validation(v) for v in validations))
+        return 1 if any(v.problems for v in validations) else 0
     if args.json:
         print(json.dumps([planner.plan_to_dict(p) for p in plans], indent=2))
     else:

@@ -4,14 +4,16 @@ forward and backward on (1, 64, 256, 256) with attn2d, beside the originals wher
 
 Every timed row runs in its own subprocess so that its peak memory is measured (resident-set
 growth over the inputs), not computed; the "unfused needs" column is the lower bound the
-original path cannot go under (scores + probabilities, float32)."""
+original path cannot go under (scores + probabilities, float32). With device="cuda" the rows run
+on the GPU, in this process, their memory the growth of torch.cuda.max_memory_allocated over the
+inputs; the originals run wherever the planner's prediction fits the GPU's free memory."""
 
 from __future__ import annotations
 
 import json
 import os
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
@@ -27,16 +29,19 @@ RESOLUTIONS = (32, 64, 128, 256)
 # The originals run only where their N x N scores and probabilities stay within 2 GiB, so that the
 # demo runs on any machine.
 ORIGINAL_RESOLUTIONS = {"SelfAttention": (32, 64), "SelfAttention2": (32, 64, 128)}
+# On a GPU an original runs where the planner's prediction for it stays within this share of the
+# free device memory (the rest for the CUDA context, cuBLAS workspaces and fragmentation).
+CUDA_FREE_SHARE = 0.8
 
 
-def max_difference(block: str, res: int = 64) -> dict[str, float]:
+def max_difference(block: str, res: int = 64, device: str = "cpu") -> dict[str, float]:
     """Largest |original - attn2d| over the output and over every parameter gradient."""
     from .unfused_blocks import make_pair
 
-    original, ours = make_pair(block, CHANNELS)
+    original, ours = (m.to(device) for m in make_pair(block, CHANNELS))
     gen = torch.Generator().manual_seed(1)
-    x = torch.randn(1, CHANNELS, res, res, generator=gen)
-    grad = torch.randn(1, CHANNELS, res, res, generator=gen)
+    x = torch.randn(1, CHANNELS, res, res, generator=gen).to(device)
+    grad = torch.randn(1, CHANNELS, res, res, generator=gen).to(device)
     outs = []
     for module in (original, ours):
         y = module(x)
@@ -65,7 +70,7 @@ def _plot(results: list[dict], path: str) -> None:
         ax.plot(res, bound, "k--", label="unfused: scores + probabilities (computed)")
         for impl, style in (("original", "o-"), ("attn2d", "s-")):
             pts = [(r["res"], r["peak_above_baseline_bytes"] / 2**20) for r in results
-                   if r["block"] == block and r["impl"] == impl]
+                   if r["block"] == block and r["impl"] == impl and "skipped" not in r]
             if pts:
                 ax.plot(*zip(*pts), style, label=f"{impl} (measured)")
         ax.axhline(24 * 1024, color="r", lw=0.8)
@@ -84,55 +89,134 @@ def _plot(results: list[dict], path: str) -> None:
     plt.close(fig)
 
 
-def run(out_dir: str = "attn2d-report", log: Callable[[str], None] = print) -> str:
-    """Runs the demo, prints its table and writes the report; returns the report's path."""
+def cuda_original_skip_reason(block: str, res: int, device: torch.device) -> Optional[str]:
+    """Why the original `block` is not run at res x res on this GPU, or None where the
+    planner's prediction for it fits CUDA_FREE_SHARE of the device's free memory."""
+    from . import planner
+
+    kind = {"SelfAttention": "tokens", "SelfAttention2": "conv"}[block]
+    model = {b.kind: b for b in planner.progan_blocks(CHANNELS)}[kind]
+    need = planner.estimate(model, planner.Setting(res, res), "pytorch-unfused").memory_bytes
+    free, _ = torch.cuda.mem_get_info(device)
+    if need <= CUDA_FREE_SHARE * free:
+        return None
+    return (f"the planner predicts {format_bytes(need)}, over {CUDA_FREE_SHARE:.0%} of the "
+            f"{format_bytes(free)} free")
+
+
+def measure_cuda(block: str, impl: str, res: int, device: torch.device) -> dict:
+    """Time and peak memory of a warm (second) forward + backward of a block on the GPU: the
+    growth of torch.cuda.max_memory_allocated over the input, its gradient and the weights."""
+    from .unfused_blocks import make_pair
+
+    original, ours = make_pair(block, CHANNELS)
+    module = (original if impl == "original" else ours).to(device)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(1, CHANNELS, res, res, generator=gen).to(device)
+    grad = torch.randn(1, CHANNELS, res, res, generator=gen).to(device)
+    module(x).backward(grad)  # warm-up: kernels compiled, cuDNN's algorithms chosen
+    module.zero_grad(set_to_none=True)
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    t0 = time.perf_counter()
+    out = module(x)
+    torch.cuda.synchronize(device)
+    t1 = time.perf_counter()
+    out.backward(grad)
+    torch.cuda.synchronize(device)
+    t2 = time.perf_counter()
+    return {"impl": impl, "forward_s": t1 - t0, "backward_s": t2 - t1,
+            "peak_above_baseline_bytes": torch.cuda.max_memory_allocated(device) - base}
+
+
+def _seconds(s: float) -> str:
+    return f"{s:.2f} s" if s >= 1 else f"{1e3 * s:.1f} ms"
+
+
+def run(out_dir: str = "attn2d-report", log: Callable[[str], None] = print,
+        device: str = "cpu") -> str:
+    """Runs the demo on `device` ("cpu" or "cuda"), prints its table and writes the report;
+    returns the report's path."""
     import attn2d
 
     from . import _tools
 
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"attn2d demo: device must be 'cpu' or 'cuda'; got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("attn2d demo: --device cuda: torch sees no CUDA device")
     _tools.require("attn2d demo", "matplotlib")  # for its plot, before minutes of work
     os.makedirs(out_dir, exist_ok=True)
     started = time.perf_counter()
-    log(f"attn2d {attn2d.__version__}: CPU kernels on {attn2d.cpu_simd_target()}, "
-        f"{torch.get_num_threads()} threads; input (1, {CHANNELS}, H, W), float32, "
+    on_cuda = device == "cuda"
+    if on_cuda:
+        dev = torch.device("cuda", torch.cuda.current_device())
+        where = f"GPU: {torch.cuda.get_device_name(dev)}, torch {torch.__version__}"
+        running = f"on {where}"
+        fmt = _seconds
+    else:
+        where = f"CPU: {attn2d.cpu_simd_target()} kernels, {torch.get_num_threads()} threads"
+        running = (f"CPU kernels on {attn2d.cpu_simd_target()}, {torch.get_num_threads()} "
+                   "threads")
+        fmt = lambda s: f"{s:.2f} s"  # noqa: E731
+    log(f"attn2d {attn2d.__version__}: {running}; input (1, {CHANNELS}, H, W), float32, "
         "forward + backward")
     plan = [(block, res, impl) for block in BLOCKS for res in RESOLUTIONS
             for impl in ("original", "attn2d")
-            if impl == "attn2d" or res in ORIGINAL_RESOLUTIONS[block]]
+            if impl == "attn2d" or on_cuda or res in ORIGINAL_RESOLUTIONS[block]]
     results = []
     for step, (block, res, impl) in enumerate(plan, 1):
         log(f"[{step}/{len(plan)}] {block} {impl} at {res}x{res} ...")
         t0 = time.perf_counter()
-        r = measure(dict(block=block, impl=impl, res=res, channels=CHANNELS, batch=1))
+        if on_cuda:
+            skip = cuda_original_skip_reason(block, res, dev) if impl == "original" else None
+            try:
+                r = {"impl": impl, "skipped": skip} if skip else measure_cuda(block, impl, res, dev)
+            except torch.cuda.OutOfMemoryError:
+                r = {"impl": impl, "skipped": "out of memory"}
+            torch.cuda.empty_cache()
+        else:
+            r = measure(dict(block=block, impl=impl, res=res, channels=CHANNELS, batch=1))
         r.update(block=block, res=res)
         results.append(r)
-        log(f"      forward {r['forward_s']:.2f} s, backward {r['backward_s']:.2f} s, peak "
+        if "skipped" in r:
+            log(f"      skipped: {r['skipped']}")
+            continue
+        log(f"      forward {fmt(r['forward_s'])}, backward {fmt(r['backward_s'])}, peak "
             f"{format_bytes(r['peak_above_baseline_bytes'])} ({time.perf_counter() - t0:.0f} s)")
     log("checking attn2d against the originals at 64x64 (outputs and parameter gradients) ...")
-    diffs = {block: max_difference(block) for block in BLOCKS}
+    diffs = {block: max_difference(block, device=device) for block in BLOCKS}
 
     rows = []
     for r in results:
         heads = BLOCKS[r["block"]][0]
         n = r["res"] ** 2
         need = unfused_attention_bytes(1, heads, n, n)
+        head = f"| {r['block']} | {r['res']}x{r['res']} | {r['impl']} |"
+        if "skipped" in r:
+            rows.append(f"{head} - | - | skipped: {r['skipped']} | >= {format_bytes(need)} |")
+            continue
         rows.append(
-            f"| {r['block']} | {r['res']}x{r['res']} | {r['impl']} | {r['forward_s']:.2f} s | "
-            f"{r['backward_s']:.2f} s | {format_bytes(r['peak_above_baseline_bytes'])} | "
-            f">= {format_bytes(need)} |"
+            f"{head} {fmt(r['forward_s'])} | {fmt(r['backward_s'])} | "
+            f"{format_bytes(r['peak_above_baseline_bytes'])} | >= {format_bytes(need)} |"
         )
+    measured_how = (
+        "growth of torch.cuda.max_memory_allocated over the input, its gradient and the "
+        "weights during a warm (second) forward + backward. The originals run where the "
+        "planner's prediction fits the GPU's free memory." if on_cuda else
+        "resident-set growth over the inputs during a warm (second) forward + backward in a "
+        "fresh subprocess. The originals run only where they fit.")
     lines = [
         "# attn2d demo: the ProGAN generator's self-attention blocks, forward + backward",
         "",
-        f"CPU: {attn2d.cpu_simd_target()} kernels, {torch.get_num_threads()} threads. Input "
-        f"(1, {CHANNELS}, H, W), float32.",
+        f"{where}. Input (1, {CHANNELS}, H, W), float32.",
         "",
         *[f"- **{b}**: {desc}" for b, (_, desc) in BLOCKS.items()],
         "",
-        "Peak memory is measured: resident-set growth over the inputs during a warm (second) "
-        "forward + backward in a fresh subprocess. "
+        f"Peak memory is measured: {measured_how} "
         "'Unfused needs' is computed: the N x N scores and probabilities (per head) that the "
-        "original keeps for its backward, a lower bound. The originals run only where they fit.",
+        "original keeps for its backward, a lower bound.",
         "",
         "| block | map | implementation | forward | backward | peak memory (measured) | "
         "unfused needs (computed) |",

@@ -2,7 +2,8 @@
 
 "unfused" is the plain matmul-softmax-matmul path; the sdpa-* entries force one
 backend of torch's scaled_dot_product_attention (and raise where that backend refuses the input,
-e.g. the CPU flash kernel when Ev != E); "sdpa" lets torch choose."""
+e.g. the CPU flash kernel when Ev != E); "sdpa" lets torch choose. CUDA_PEERS are the backends
+SDPA has on CUDA, each forced (bench --device cuda)."""
 
 from __future__ import annotations
 
@@ -50,4 +51,12 @@ PEERS = {
     "sdpa": sdpa,
     "sdpa-math": _math,
     "sdpa-flash": _forced(SDPBackend.FLASH_ATTENTION),
+}
+
+# Every kernel SDPA has on CUDA, each forced: a refusal raises with torch's reason in a warning.
+CUDA_PEERS = {
+    "sdpa-math": _math,
+    "sdpa-efficient": _forced(SDPBackend.EFFICIENT_ATTENTION),
+    "sdpa-flash": _forced(SDPBackend.FLASH_ATTENTION),
+    "sdpa-cudnn": _forced(SDPBackend.CUDNN_ATTENTION),
 }

@@ -328,7 +328,9 @@ def test_pattern_bench_times_first_and_steady_steps_after_global(monkeypatch):
 
 @pytest.mark.parametrize("pattern,q_hw,kv_hw,heads", [
     ("manhattan", (24, 20), (12, 10), 2), ("euclidean", (9, 9), (9, 9), 1),
-    ("ylg", (12, 12), (6, 6), 8), ("ylg-geometric", (10, 6), (5, 3), 8)])
+    ("ylg", (12, 12), (6, 6), 8), ("ylg-geometric", (10, 6), (5, 3), 8),
+    ("shift", (12, 10), (12, 10), 2), ("shift-pooled", (16, 14), (8, 7), 1),
+    ("shift-dilated", (13, 12), (13, 12), 1)])
 def test_flex_mask_mods_are_the_patterns(pattern, q_hw, kv_hw, heads):
     from torch.nn.attention.flex_attention import create_mask
 
@@ -336,7 +338,9 @@ def test_flex_mask_mods_are_the_patterns(pattern, q_hw, kv_hw, heads):
     from attn2d.patterns import YLG, Window
 
     p = {"manhattan": Window(5, "manhattan", 2), "euclidean": Window(5, "euclidean"),
-         "ylg": YLG(8), "ylg-geometric": YLG(8, mapping="geometric")}[pattern]
+         "ylg": YLG(8), "ylg-geometric": YLG(8, mapping="geometric"),
+         "shift": Window(5, border="shift"), "shift-pooled": Window(4, border="shift"),
+         "shift-dilated": Window(3, dilation=2, border="shift")}[pattern]
     case = bench_patterns.PatternCase("x", heads, q_hw, kv_hw, 8, 8, p)
     got = create_mask(bench_patterns._mask_mod(case), 1, heads, q_hw[0] * q_hw[1],
                       kv_hw[0] * kv_hw[1], device="cpu")[0]
@@ -405,3 +409,231 @@ def test_pattern_bench_measures_each_peers_memory(monkeypatch):
     out = bp.run_case(case, reps=1, with_memory=True, with_flex=False, log=lambda line: None)
     assert "available" in out["results"]["dense-masked-math"]["skipped"]
     assert [s["impl"] for s in specs] == ["attn2d", "attn2d"]
+
+
+# ---------------------------------------------------------------------------------------------
+# bench --device cuda (attn2d.bench_cuda): its cases, harness, Flex peer and report, on the CPU
+
+
+def test_gpu_bench_cases_are_the_targets():
+    from attn2d import bench_cuda as bc
+    from attn2d.patterns import YLG, Window
+
+    cases = bc.default_cases()
+    dense = [c for c in cases if isinstance(c, bc.DenseCase)]
+    # The CPU bench's SAGAN shapes with 2x2-pooled keys, at the GPU batch, in both dtypes.
+    assert sorted((c.shape.Lq, c.shape.Lk, c.dtype) for c in dense) == [
+        (4096, 1024, "bfloat16"), (4096, 1024, "float32"),
+        (16384, 4096, "bfloat16"), (16384, 4096, "float32")]
+    assert all((c.shape.E, c.shape.Ev, c.shape.B) == (8, 64, bc.GPU_BATCH) for c in dense)
+    cpu_names = {c.name for c in bench.default_cases()}
+    assert all(c.shape.name.rsplit(", batch", 1)[0] in cpu_names for c in dense)
+    patterns = [c for c in cases if bc.is_pattern_case(c)]
+    assert {(repr(c.shape.pattern), c.shape.q_hw) for c in patterns} == {
+        (repr(Window(15)), (128, 128)), (repr(Window(15, border="shift")), (128, 128)),
+        (repr(YLG(8)), (128, 128))}
+    assert [(c.res, c.batch) for c in cases if isinstance(c, bc.MemoryCase)] == [(64, 8), (128, 8)]
+    assert len({c.name for c in cases}) == len(cases)  # --cases picks them by name
+
+
+def test_gpu_bench_interleaves_calls_rep_by_rep():
+    from attn2d import bench_cuda as bc
+
+    calls = []
+
+    def tagged(tag):
+        def fn(x):
+            calls.append(tag)
+            return x * 2.0
+        return fn
+
+    x = torch.randn(4)
+    out = bc.time_interleaved([tagged("a"), tagged("b")], [[x], [x]], reps=2, backward=True,
+                              calls=3)
+    # One untimed call each, then per rep three calls of a, then three of b.
+    assert calls == ["a", "b"] + (["a"] * 3 + ["b"] * 3) * 2
+    for r in out:
+        assert len(r["forward_runs_s"]) == 2 and len(r["backward_runs_s"]) == 2
+        assert r["fwd_bwd_runs_s"] == [f + b for f, b in zip(r["forward_runs_s"],
+                                                            r["backward_runs_s"])]
+    forward_only = bc.time_interleaved([tagged("a")], [[x]], reps=1, backward=False, calls=1)[0]
+    assert set(forward_only) == {"forward_runs_s", "forward_s"}
+    start = time.perf_counter()
+    long = bc.time_interleaved([tagged("a")], [[x]], reps=1, backward=False, calls=1,
+                               min_seconds=0.05)[0]
+    assert time.perf_counter() - start >= 0.05 and len(long["forward_runs_s"]) > 1
+    with pytest.raises(ValueError, match="2 functions but 1 input lists"):
+        bc.time_interleaved([tagged("a"), tagged("b")], [[x]], reps=1, backward=False)
+
+
+def test_gpu_bench_harness_runs_on_the_cpu(tmp_path):
+    from attn2d import bench_cuda as bc
+
+    cases = [c for c in bc.quick_cases() if not isinstance(c, bc.PatternGpuCase)
+             or c.shape.pattern.__class__.__name__ == "Window"]
+    report = bc.run(str(tmp_path), cases=cases, reps=1, paired_seconds=0.0, with_flex=False,
+                    device="cpu", log=lambda line: None)
+    assert report["device_type"] == "cpu" and report["device"].startswith("CPU")
+    dense = [c for c in report["cases"] if c["kind"] == "dense"]
+    assert [c["dtype"] for c in dense] == ["float32", "bfloat16"]
+    for c in dense:
+        r = c["results"]
+        assert c["attn2d_backend"] == "cpu" and c["device"] == report["device"]
+        assert r["sdpa-math"]["over_attn2d_fwd_bwd"] == pytest.approx(
+            bench.paired_speedup(r["sdpa-math"], r["attn2d"], "fwd_bwd"))
+        assert r["sdpa-math"]["max_abs_difference"] < (1e-4 if c["dtype"] == "float32" else 0.05)
+        assert "same last dimension" in r["sdpa-flash"]["refused"]  # Ev != E
+        assert "peak_bytes" not in r["attn2d"]  # memory is measured on CUDA only
+    pattern = [c for c in report["cases"] if c["kind"] == "pattern"]
+    assert [c["pattern"].split("border=")[1] for c in pattern] == ["'clip')", "'shift')"]
+    assert "backward_s" not in pattern[0]["results"]["attn2d"]
+    assert "natten" not in pattern[0]["results"]  # only the shifted window has a NATTEN peer
+    assert "natten" in pattern[1]["results"]
+    memory = [c for c in report["cases"] if c["kind"] == "memory"]
+    assert "CUDA" in memory[0]["skipped"]
+    text = (tmp_path / "bench_cuda.md").read_text()
+    assert json.loads((tmp_path / "bench_cuda.json").read_text())["cases"][0]["kind"] == "dense"
+    for heading in ("## SAGAN attention against SDPA's kernels", "## Local patterns against "
+                    "FlexAttention and NATTEN", "## Memory of the SAGAN block"):
+        assert heading in text
+    assert text.count(f"On {report['device']}") == 3  # every table names its device
+    assert "| sdpa-flash | refused: " in text
+
+
+@pytest.mark.parametrize("width,padded", [(8, 16), (16, 16), (24, 32), (64, 64)])
+def test_flex_widths_are_zero_padded(width, padded):
+    from attn2d import bench_cuda as bc
+
+    t = torch.randn(1, 2, 5, width)
+    for p in bc.flex_padded(t, t, t):
+        assert p.shape[-1] == padded
+        assert torch.equal(p[..., :width], t) and not p[..., width:].any()
+
+
+@pytest.mark.parametrize("pattern,q_hw,kv_hw,heads,E,Ev", [
+    ("window", (12, 10), (12, 10), 2, 8, 16), ("shift", (12, 10), (6, 5), 2, 8, 8),
+    ("ylg", (8, 8), (4, 4), 8, 8, 16)])
+def test_flex_peer_gives_attn2d_outputs(pattern, q_hw, kv_hw, heads, E, Ev):
+    """The Flex peer (eager here: compiling takes minutes on a CPU) under the pattern's block
+    mask, with widths padded to 16 and the scale passed, gives attn2d's outputs."""
+    import math
+    import warnings
+
+    import attn2d
+    from attn2d import bench_cuda as bc
+    from attn2d import bench_patterns
+    from attn2d.patterns import YLG, Window
+
+    p = {"window": Window(5), "shift": Window(5, border="shift"), "ylg": YLG(8)}[pattern]
+    shape = bench_patterns.PatternCase("x", heads, q_hw, kv_hw, E, Ev, p)
+    q, k, v = (torch.randn(2, heads, *hw, w) for hw, w in ((q_hw, E), (kv_hw, E), (kv_hw, Ev)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # flex_attention's warning that it runs uncompiled
+        fn, inputs = bc.flex_peer(shape, *(t.flatten(2, 3) for t in (q, k, v)),
+                                  1.0 / math.sqrt(E), compile=False)
+        got = fn(*inputs).unflatten(2, q_hw)
+    assert got.shape == (2, heads, *q_hw, Ev)
+    torch.testing.assert_close(got, attn2d.attention2d(q, k, v, pattern=p), atol=1e-5, rtol=1e-5)
+
+
+def test_natten_peer_is_only_for_the_shifted_window():
+    from attn2d import bench_cuda as bc
+    from attn2d.patterns import YLG, Window
+
+    t = torch.randn(1, 1, 6, 6, 8)
+    assert "shifted" in bc.natten_peer(t, t, t, Window(3))
+    assert "shifted" in bc.natten_peer(t, t, t, YLG(8))
+    try:
+        import natten  # noqa: F401
+    except ImportError:
+        assert "natten is not installed" in bc.natten_peer(t, t, t, Window(3, border="shift"))
+
+
+def test_memory_case_module_is_the_planners_sagan_block():
+    from attn2d import bench_cuda as bc
+
+    block, module = bc.memory_case_module(bc.MemoryCase(64, 8))
+    assert (module.channels, module.qk_channels, module.v_channels, module.heads,
+            module.pool_kv) == (block.channels, block.qk_channels, block.v_channels,
+                                block.heads, block.pool_kv)
+    assert (module.out is not None, module.gamma is not None, module.residual) == (
+        block.out_conv, block.gamma, block.residual)
+
+
+def test_gpu_bench_markdown_names_the_device_and_the_planner_target():
+    from attn2d import bench_cuda as bc
+
+    runs = {"forward_runs_s": [1e-3], "backward_runs_s": [2e-3], "fwd_bwd_runs_s": [3e-3],
+            "forward_s": 1e-3, "backward_s": 2e-3, "fwd_bwd_s": 3e-3}
+    report = {
+        "device": "Some GPU", "device_description": "Some GPU (80 GiB)", "device_type": "cuda",
+        "reps": 5, "paired_seconds": 1.0, "calls_per_rep": 10,
+        "cases": [
+            {"kind": "dense", "name": "SAGAN x", "attn2d_backend": "triton", "results": {
+                "attn2d": {**runs, "peak_bytes": 1 << 20},
+                "sdpa-efficient": {**runs, "over_attn2d_forward": 1.5, "over_attn2d_backward": 2.0,
+                                   "over_attn2d_fwd_bwd": 1.75, "max_abs_difference": 1e-6,
+                                   "peak_bytes": 3 << 20},
+                "sdpa-flash": {"refused": "Flash attention requires the same last dimension"}}},
+            {"kind": "pattern", "name": "window x", "results": {
+                "attn2d": {"forward_runs_s": [1e-3], "forward_s": 1e-3},
+                "flex": {"forward_runs_s": [2e-3], "forward_s": 2e-3, "over_attn2d_forward": 2.0,
+                         "max_abs_difference": 4e-3},
+                "natten": {"refused": "natten is not installed"}}},
+            {"kind": "memory", "name": "SAGAN block 64x64", "results": {
+                "attn2d-global": {"measured_bytes": 100 << 20, "predicted_bytes": 95 << 20,
+                                  "error": 0.05, "within_tolerance": True},
+                "sdpa-math": {"measured_bytes": 100 << 20, "predicted_bytes": 50 << 20,
+                              "error": 0.5, "within_tolerance": False}}}]}
+    text = bc.markdown(report)
+    assert "Device: Some GPU (80 GiB)" in text and text.count("On Some GPU;") == 3
+    assert "| SAGAN x | attn2d (triton) | 1.000 ms | 2.000 ms | 3.000 ms |  | 1.0 MiB |  |" in text
+    assert "| SAGAN x | sdpa-efficient | 1.000 ms | 2.000 ms | 3.000 ms | 1.50 / 2.00 / 1.75 | " \
+        "3.0 MiB | 1.0e-06 |" in text
+    assert "| SAGAN x | sdpa-flash | refused: Flash attention" in text
+    assert "| window x | flex | 2.000 ms | 2.00 | 4.0e-03 |" in text
+    assert "| window x | natten | unavailable: natten is not installed |" in text
+    assert "| SAGAN block 64x64 | attn2d-global | 100.0 MiB | 95.0 MiB | 5.0% | yes |" in text
+    assert "| SAGAN block 64x64 | sdpa-math | 100.0 MiB | 50.0 MiB | 50.0% | NO |" in text
+
+
+def test_splice_between_markers_replaces_only_the_marked_part(tmp_path):
+    from attn2d import bench_cuda as bc
+
+    text = f"# Doc\n\nbefore\n{bc.BEGIN_MARKER}\nold figures\n{bc.END_MARKER}\nafter\n"
+    spliced = bc.splice_between_markers(text, "\nnew table\n\n")
+    assert spliced == f"# Doc\n\nbefore\n{bc.BEGIN_MARKER}\nnew table\n{bc.END_MARKER}\nafter\n"
+    assert bc.splice_between_markers(spliced, "new table") == spliced  # a rerun changes nothing
+    doc, body = tmp_path / "doc.md", tmp_path / "body.md"
+    doc.write_text(text)
+    body.write_text("| a | b |\n")
+    bc.splice_file(str(doc), str(body))
+    assert doc.read_text() == (f"# Doc\n\nbefore\n{bc.BEGIN_MARKER}\n| a | b |\n"
+                               f"{bc.END_MARKER}\nafter\n")
+    for bad, match in ((text.replace(bc.END_MARKER, ""), "once each"),
+                       (text + bc.BEGIN_MARKER, "once each"),
+                       (f"{bc.END_MARKER}\n{bc.BEGIN_MARKER}", "comes before")):
+        with pytest.raises(ValueError, match=match):
+            bc.splice_between_markers(bad, "x")
+
+
+def test_benchmarks_doc_has_the_gpu_check_markers():
+    from pathlib import Path
+
+    from attn2d import bench_cuda as bc
+
+    doc = (Path(__file__).parents[2] / "docs" / "benchmarks.md").read_text()
+    assert doc.count(bc.BEGIN_MARKER) == 1 and doc.count(bc.END_MARKER) == 1
+    assert doc.index(bc.BEGIN_MARKER) > doc.index("## GPU")
+
+
+def test_gpu_check_script_parses():
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).parents[2] / "scripts" / "gpu_check.sh"
+    r = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    text = script.read_text()
+    assert "set -euo pipefail" in text and "bench --device cuda" in text
+    assert "plan --validate --device cuda" in text and "-m gpu" in text

@@ -184,3 +184,23 @@ def test_r1_penalty_in_bfloat16_is_close_to_float32():
     for a, b in zip(got, want):
         assert torch.isfinite(a).all()
         assert max_err(a, b) <= 0.1 * max(1.0, float(b.abs().max()))
+
+
+def test_bench_double_backward_writes_its_table(tmp_path):
+    from attn2d.cli import main
+
+    assert main(["bench", "--double-backward", "--quick", "--reps", "1", "--no-memory",
+                 "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "bench_double_backward.md").read_text()
+    assert "| 32x32 (C=64) | 1,024 x 256 |" in text
+    import json
+
+    row = json.loads((tmp_path / "bench_double_backward.json").read_text())["rows"][0]
+    assert row["speedup_median_of_ratios"] > 0 and set(row["median_s"]) == {"attn2d", "math"}
+
+
+def test_bench_double_backward_refuses_cuda_and_patterns(capsys):
+    from attn2d.cli import main
+
+    assert main(["bench", "--double-backward", "--patterns"]) == 2
+    assert "--double-backward" in capsys.readouterr().err

@@ -232,6 +232,46 @@ def test_gradgradcheck_float64(pattern):
     assert torch.autograd.gradgradcheck(fn, (q, k, v), eps=1e-6, atol=1e-7, fast_mode=True)
 
 
+needs_gpu = pytest.mark.skipif(not ON_GPU, reason="a CUDA device: ATTN2D_GPU=1")
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_auto_chooses_sdpa_flash_for_vit_heads_and_triton_for_sagan_heads():
+    with attn2d.use_backend("auto"):
+        vit = [torch.randn(2, 4, 256, 64, device="cuda", dtype=torch.float16) for _ in range(3)]
+        x = attn2d.explain(*vit)
+        assert x.backend.backend == "sdpa", x
+        sagan = [torch.randn(2, 1, 1024, e, device="cuda") for e in (8, 8, 64)]
+        sagan[0] = torch.randn(2, 1, 4096, 8, device="cuda")
+        assert attn2d.explain(*sagan).backend.backend == "triton"
+        out = attn2d.attention(*vit)
+        want = naive_attention(*(t.cpu() for t in vit))
+        assert max_err(out.cpu(), want) < 2e-3
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("module", ["sagan", "multihead ylg"])
+def test_modules_on_cuda_under_autocast_and_torch_compile(module):
+    torch.manual_seed(0)
+    m = (attn2d.nn.SelfAttention2d(64) if module == "sagan"
+         else attn2d.nn.MultiheadSelfAttention2d(64, num_heads=4, pattern=YLG(4))).cuda()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(torch.randn_like(p) * 0.1)
+    x = torch.randn(2, 64, 32, 32, device="cuda")
+    want = m(x)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        low = m(x)
+    assert max_err(low.float().cpu(), want.cpu()) < 0.05 * float(want.abs().max())
+    compiled = torch.compile(m, fullgraph=True)
+    xc = x.clone().requires_grad_()
+    got = compiled(xc)
+    got.square().sum().backward()
+    assert max_err(got.cpu(), want.cpu()) < 1e-4 and torch.isfinite(xc.grad).all()
+
+
 # Seed 9 (E=3, Ev=5, causal, 96 x 69) gives a dQ error of 3.7e-6 against naive float32's
 # 4.8e-7: the backward's D = rowsum(dO * O) carries the rounding of O into every dS of the row,
 # where naive softmax backward never reads O. The CPU kernels, which share that backward, miss

@@ -1,9 +1,10 @@
 """`attn2d train-gan`: SAGAN (global attention) against YLG-SAGAN (local sparse attention) and
-the other schedules, trained on real images on CPU.
+the other schedules, trained on real images on the CPU or a CUDA GPU (device="cuda").
 
-One variant trains in one process (`train_variant`), so its peak memory is its own; the driver
-(`run`) starts one subprocess per variant and writes the comparison report. Under torchrun every
-rank runs the variants in-process with DistributedDataParallel over gloo."""
+One variant trains in one process (`train_variant`), so its peak memory is its own (on CUDA,
+torch.cuda.max_memory_allocated); the driver (`run`) starts one subprocess per variant and writes
+the comparison report. Under torchrun every rank runs the variants in-process with
+DistributedDataParallel over gloo (NCCL on CUDA, one GPU a rank)."""
 
 from __future__ import annotations
 
@@ -60,8 +61,17 @@ class TrainConfig:
     swd_samples: int = 2048
     log_every: int = 50
     resume: bool = False
+    device: str = "cpu"
+    r1: float = 0.0
+    r1_every: int = 16
+    gp: float = 0.0
 
     def check(self) -> None:
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"attn2d train-gan: device must be 'cpu' or 'cuda'; got "
+                             f"{self.device!r}")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("attn2d train-gan: --device cuda: torch sees no CUDA device")
         if self.variant not in VARIANTS:
             raise ValueError(f"attn2d train-gan: variant must be one of {VARIANTS}; got "
                              f"{self.variant!r}")
@@ -78,6 +88,15 @@ class TrainConfig:
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise ValueError(f"attn2d train-gan: {name} must be a positive number; got {v!r}")
+        for name in ("r1", "gp"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not (isinstance(v, (int, float)) and math.isfinite(v)
+                                           and v >= 0):
+                raise ValueError(f"attn2d train-gan: {name} must be a number >= 0; got {v!r}")
+        if isinstance(self.r1_every, bool) or not isinstance(self.r1_every, int) or \
+                self.r1_every < 1:
+            raise ValueError(f"attn2d train-gan: r1_every must be an int >= 1; got "
+                             f"{self.r1_every!r}")
         if self.attn_res % self.pool_kv:
             raise ValueError(f"attn2d train-gan: pool_kv={self.pool_kv} must divide "
                              f"attn_res={self.attn_res}")
@@ -203,14 +222,25 @@ def _unwrap(m: nn.Module) -> nn.Module:
     return m.module if isinstance(m, nn.parallel.DistributedDataParallel) else m
 
 
+def torch_device(cfg: TrainConfig) -> torch.device:
+    """cfg.device as a torch.device: on CUDA the current GPU (a rank's own under torchrun)."""
+    if cfg.device == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 @torch.no_grad()
 def generate(G: nn.Module, n: int, z_dim: int, seed: int, batch: int = 500) -> torch.Tensor:
+    """n images from G on the CPU, the noise drawn on the CPU whatever G's device, so a seed
+    gives the same noise everywhere."""
+    device = next(G.parameters()).device
     gen = torch.Generator().manual_seed(seed)
     was_training = G.training
     G.eval()
-    out = [G(torch.randn(min(batch, n - i), z_dim, generator=gen)) for i in range(0, n, batch)]
+    out = [G(torch.randn(min(batch, n - i), z_dim, generator=gen).to(device)).float().cpu()
+           for i in range(0, n, batch)]
     G.train(was_training)
-    return torch.cat(out).float()
+    return torch.cat(out)
 
 
 def evaluate(G: nn.Module, cfg: TrainConfig, real: torch.Tensor, z_dim: int) -> dict:
@@ -240,6 +270,9 @@ def train_variant(cfg: TrainConfig, log: Callable[[str], None] = print,
     result."""
     cfg.check()
     rank, world = _world()
+    device = torch_device(cfg)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     out = Path(cfg.out) / cfg.variant
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
@@ -249,7 +282,7 @@ def train_variant(cfg: TrainConfig, log: Callable[[str], None] = print,
     channels = train_u8.shape[1]
     schedule = make_schedule(cfg)
     gcfg = gan_config(cfg, channels, schedule.pattern(0))
-    G, D = Generator(gcfg), Discriminator(gcfg)
+    G, D = Generator(gcfg).to(device), Discriminator(gcfg).to(device)
     opt_g = torch.optim.Adam(G.parameters(), lr=cfg.lr_g, betas=(0.0, 0.9))
     opt_d = torch.optim.Adam(D.parameters(), lr=cfg.lr_d, betas=(0.0, 0.9))
     # One generator for batches and noise: saving its state makes a resumed run continue
@@ -271,12 +304,13 @@ def train_variant(cfg: TrainConfig, log: Callable[[str], None] = print,
     blocks = attention_blocks(G, D)
     Gw, Dw = G, D
     if world > 1:
-        Gw = nn.parallel.DistributedDataParallel(G)
-        Dw = nn.parallel.DistributedDataParallel(D)
+        ids = [device.index] if device.type == "cuda" else None
+        Gw = nn.parallel.DistributedDataParallel(G, device_ids=ids)
+        Dw = nn.parallel.DistributedDataParallel(D, device_ids=ids)
     real_eval = real_eval_images(cfg, train_u8) if rank == 0 else None
     n_data = train_u8.shape[0]
     steps_per_epoch = math.ceil(n_data / (cfg.batch * world))
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16)
     prog = Progress(cfg.variant, cfg.steps, cfg.log_every, enabled=progress and rank == 0)
     if rank == 0:
         log(f"[{cfg.variant}] attention {gcfg.attention.describe()}; schedule {schedule!r}; "
@@ -284,6 +318,7 @@ def train_variant(cfg: TrainConfig, log: Callable[[str], None] = print,
             f"parameters; {n_data} images {channels}x{cfg.res}x{cfg.res}; batch {cfg.batch} x "
             f"{world} process(es); {steps_per_epoch} steps per epoch")
     current = schedule.pattern(step)
+    penalties: dict[str, float] = {}  # the latest value of each gradient penalty
 
     def save_checkpoint() -> None:
         rngs = [None] * world
@@ -311,26 +346,42 @@ def train_variant(cfg: TrainConfig, log: Callable[[str], None] = print,
                     f"{'global' if pattern is None else pattern}")
             current = pattern
         t0 = time.perf_counter()
+        # Batches and noise drawn on the CPU from `gen`, whatever the device: a resumed run on
+        # either continues exactly.
         idx = torch.randint(0, n_data, (cfg.batch,), generator=gen)
-        real = data.to_float(train_u8[idx])
-        z = torch.randn(cfg.batch, gcfg.z_dim, generator=gen)
+        real = data.to_float(train_u8[idx]).to(device)
+        z = torch.randn(cfg.batch, gcfg.z_dim, generator=gen).to(device)
         # D step: real and fake in one forward, so DDP sees one forward per backward.
         with autocast:
             with torch.no_grad():
                 fake = Gw(z)
             logits = Dw(torch.cat([real, fake.to(real.dtype)])).float()
             d_loss = hinge_d_loss(logits[:cfg.batch], logits[cfg.batch:])
+            if cfg.gp:
+                gp = gradient_penalty(Dw, real, fake.to(real.dtype), gen)
+                penalties["gp"] = gp.item()
+                d_loss = d_loss + cfg.gp * gp
         opt_d.zero_grad(set_to_none=True)
         d_loss.backward()
         opt_d.step()
+        if cfg.r1 and step % cfg.r1_every == 0:
+            # StyleGAN2's lazy R1: its own D step every r1_every steps, scaled by the interval.
+            with autocast:
+                r1 = r1_penalty(Dw, real)
+            penalties["r1"] = r1.item()
+            opt_d.zero_grad(set_to_none=True)
+            (r1 * (cfg.r1 / 2 * cfg.r1_every)).backward()
+            opt_d.step()
         # G step.
-        z = torch.randn(cfg.batch, gcfg.z_dim, generator=gen)
+        z = torch.randn(cfg.batch, gcfg.z_dim, generator=gen).to(device)
         with autocast:
             g_loss = hinge_g_loss(Dw(Gw(z)).float())
         opt_g.zero_grad(set_to_none=True)
         opt_d.zero_grad(set_to_none=True)
         g_loss.backward()
         opt_g.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # the step's kernels, not only their launches
         step_times.append(time.perf_counter() - t0)
         elapsed += step_times[-1]
         step += 1
@@ -339,7 +390,8 @@ def train_variant(cfg: TrainConfig, log: Callable[[str], None] = print,
                                      f"step {step} (d {d_loss.item()}, g {g_loss.item()})")
         prog.update(step, d_loss.item(), g_loss.item())
         if step % cfg.log_every == 0 or step == cfg.steps:
-            history.append({"step": step, "d_loss": d_loss.item(), "g_loss": g_loss.item()})
+            history.append({"step": step, "d_loss": d_loss.item(), "g_loss": g_loss.item(),
+                            **penalties})
         if rank == 0 and (step % cfg.sample_every == 0 or step == cfg.steps):
             save_grid(generate(G, 64, gcfg.z_dim, seed=cfg.seed + 7), out / f"samples_{step:06d}.png")
         if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
@@ -368,6 +420,9 @@ def train_variant(cfg: TrainConfig, log: Callable[[str], None] = print,
               "peak_rss_bytes": peak_rss_bytes(), "rss_start_bytes": rss_start,
               "g_parameters": count_parameters(G), "d_parameters": count_parameters(D),
               "config": dataclasses.asdict(cfg), "history": history}
+    if device.type == "cuda":
+        result["device_name"] = torch.cuda.get_device_name(device)
+        result["peak_cuda_bytes"] = torch.cuda.max_memory_allocated(device)
     if rank == 0:
         t0 = time.perf_counter()
         result["metrics"] = evaluate(G, cfg, real_eval, gcfg.z_dim)
@@ -375,8 +430,9 @@ def train_variant(cfg: TrainConfig, log: Callable[[str], None] = print,
         save_grid(generate(G, 64, gcfg.z_dim, seed=cfg.seed + 7), out / "samples_final.png")
         (out / "result.json").write_text(json.dumps(result, indent=1))
         m = result["metrics"]
-        log(f"[{cfg.variant}] done: {result['seconds_per_step']:.3f} s/step, peak RSS "
-            f"{result['peak_rss_bytes'] / 2**20:.0f} MiB, FID {m['fid']:.2f}, KID {m['kid']:.3f}, "
+        log(f"[{cfg.variant}] done: {result['seconds_per_step']:.3f} s/step, peak "
+            f"{_memory_label(result)} {peak_memory_bytes(result) / 2**20:.0f} MiB, FID "
+            f"{m['fid']:.2f}, KID {m['kid']:.3f}, "
             f"SWD {m['swd']['mean']:.2f}")
     return result
 
@@ -409,25 +465,68 @@ def _mib(b: float) -> str:
     return f"{b / 2**20:.0f} MiB"
 
 
+def r1_penalty(D, real: torch.Tensor) -> torch.Tensor:
+    """R1 (Mescheder et al. 2018): the mean over real images of |dD(x)/dx|^2. Differentiating
+    it runs the double backward of every op in D, attention included."""
+    real = real.detach().requires_grad_()
+    score = D(real).float().sum()
+    grad, = torch.autograd.grad(score, (real,), create_graph=True)
+    return grad.float().square().sum(dim=(1, 2, 3)).mean()
+
+
+def gradient_penalty(D, real: torch.Tensor, fake: torch.Tensor,
+                     gen: torch.Generator) -> torch.Tensor:
+    """WGAN-GP (Gulrajani et al. 2017): (|dD(x)/dx| - 1)^2 at random points x between real
+    and fake images."""
+    t = torch.rand(real.shape[0], 1, 1, 1, generator=gen).to(real.device, real.dtype)
+    mixed = (t * real.detach() + (1 - t) * fake.detach()).requires_grad_()
+    score = D(mixed).float().sum()
+    grad, = torch.autograd.grad(score, (mixed,), create_graph=True)
+    return (grad.float().flatten(1).norm(dim=1) - 1).square().mean()
+
+
+def peak_memory_bytes(result: dict) -> int:
+    """A variant's peak memory: on CUDA, torch.cuda.max_memory_allocated; else peak RSS."""
+    return result.get("peak_cuda_bytes", result["peak_rss_bytes"])
+
+
+def _memory_label(result: dict) -> str:
+    return "CUDA memory" if "peak_cuda_bytes" in result else "RSS"
+
+
+def _penalty_text(cfg: dict) -> str:
+    text = ""
+    if cfg.get("r1"):
+        text += f"; R1 gamma {cfg['r1']} every {cfg['r1_every']} steps (lazy, as StyleGAN2)"
+    if cfg.get("gp"):
+        text += f"; WGAN-GP lambda {cfg['gp']}"
+    return text
+
+
 def write_report(out: Path, results: list[dict], reference: Optional[dict]) -> Path:
     cfg = results[0]["config"]
+    memory = _memory_label(results[0])
+    gpu = f", {results[0]['device_name']}" if "device_name" in results[0] else ""
+    how = ("peak CUDA memory (torch.cuda.max_memory_allocated)" if "peak_cuda_bytes" in results[0]
+           else "peak RSS")
     lines = [
         "# attn2d train-gan report", "",
         f"Data: {cfg['data'] or 'Fashion-MNIST (Debian dataset-fashion-mnist)'}, "
         f"{cfg['res']}x{cfg['res']}; batch {cfg['batch']} per process; {cfg['steps']} steps; "
         f"attention at {cfg['attn_res']}x{cfg['attn_res']} in G and D (keys pooled "
         f"{cfg['pool_kv']}x); hinge loss, spectral norm, Adam(0, 0.9), "
-        f"lr G {cfg['lr_g']} / D {cfg['lr_d']}{', bf16 autocast' if cfg['bf16'] else ''}.",
-        f"Machine: {os.cpu_count()} CPUs, torch {torch.__version__}, "
+        f"lr G {cfg['lr_g']} / D {cfg['lr_d']}{', bf16 autocast' if cfg['bf16'] else ''}"
+        f"{_penalty_text(cfg)}.",
+        f"Machine: {os.cpu_count()} CPUs{gpu}, torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads.", "",
         "FID and KID are over the 128-d features of attn2d's shipped Fashion-MNIST classifier "
         f"({cfg['eval_samples']} generated vs {cfg['eval_samples']} test images); SWD is "
         f"ProGAN's sliced Wasserstein distance (x1e3) on Laplacian-pyramid 7x7 patches "
         f"({cfg['swd_samples']} images). Lower is better for all three. Time per epoch = "
         "median time per training step x steps per epoch (sampling, checkpoints and "
-        "evaluation excluded). Peak memory is the training process's peak RSS.", "",
-        "| variant | attention | s/step | time per epoch | peak RSS | FID | KID | SWD (mean) | "
-        "SWD per level |",
+        f"evaluation excluded). Peak memory is the training process's {how}.", "",
+        f"| variant | attention | s/step | time per epoch | peak {memory} | FID | KID | "
+        "SWD (mean) | SWD per level |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
@@ -435,7 +534,7 @@ def write_report(out: Path, results: list[dict], reference: Optional[dict]) -> P
         levels = ", ".join(f"{k}: {v:.2f}" for k, v in m["swd"].items() if k != "mean")
         lines.append(
             f"| {r['variant']} | {r['attention']} | {r['seconds_per_step']:.3f} | "
-            f"{r['seconds_per_epoch'] / 60:.1f} min | {_mib(r['peak_rss_bytes'])} | "
+            f"{r['seconds_per_epoch'] / 60:.1f} min | {_mib(peak_memory_bytes(r))} | "
             f"{m['fid']:.2f} | {m['kid']:.3f} | {m['swd']['mean']:.2f} | {levels} |")
     if reference is not None:
         levels = ", ".join(f"{k}: {v:.2f}" for k, v in reference["swd"].items() if k != "mean")
@@ -444,8 +543,8 @@ def write_report(out: Path, results: list[dict], reference: Optional[dict]) -> P
     if len(results) >= 2:
         a, b = results[0], results[1]
         lines += ["", f"{b['variant']} / {a['variant']}: time per step "
-                  f"{b['seconds_per_step'] / a['seconds_per_step']:.2f}x, peak RSS "
-                  f"{b['peak_rss_bytes'] / a['peak_rss_bytes']:.2f}x."]
+                  f"{b['seconds_per_step'] / a['seconds_per_step']:.2f}x, peak {memory} "
+                  f"{peak_memory_bytes(b) / peak_memory_bytes(a):.2f}x."]
     lines += ["", "## Samples (fixed noise, final step)", ""]
     for r in results:
         lines += [f"### {r['variant']}", "", f"![{r['variant']}]({r['variant']}/samples_final.png)",
@@ -469,7 +568,7 @@ def run(cfg: TrainConfig, variants: list[str], log: Callable[[str], None] = prin
     for v in variants:
         vcfg = dataclasses.replace(cfg, variant=v)
         if subprocesses and world == 1:
-            # A fresh process per variant, so each peak RSS is that variant's own.
+            # A fresh process per variant, so each peak memory is that variant's own.
             proc = multiprocessing.get_context("spawn").Process(
                 target=_variant_process, args=(vcfg, torch.get_num_threads()))
             proc.start()
