@@ -86,24 +86,71 @@ def _visit_bits(masks_ptr, mask_index, BLOCK_M: tl.constexpr, BLOCK_N: tl.conste
 
 
 @triton.jit
-def _query_tile(pid_m, h, Lq, head_layout, q_begin, q_tiles,
-                HAS_LAYOUT: tl.constexpr, BLOCK_M: tl.constexpr):
-    """(tile index in the layout or -1, raster rows, valid rows, live) of query tile pid_m."""
-    offs = tl.arange(0, BLOCK_M)
+def _owned_tile(pid, h, length, head_layout, tile_begin, tiles, HAS_LAYOUT: tl.constexpr,
+                BLOCK: tl.constexpr):
+    """The tile program `pid` owns (query tiles with q_begin/q_tiles, key tiles with
+    k_begin/k_tiles): (tile index, raster rows, valid rows, live). A layout's tiles are those of
+    this head's kind; dense tiles are runs of BLOCK rows."""
+    offs = tl.arange(0, BLOCK)
     if HAS_LAYOUT:
         kind = tl.load(head_layout + h)
-        first = tl.load(q_begin + kind)
-        tile = first + pid_m
-        live = tile < tl.load(q_begin + kind + 1)
-        rows = tl.load(q_tiles + tile * BLOCK_M + offs, mask=live & (offs >= 0), other=-1)
+        tile = tl.load(tile_begin + kind) + pid
+        live = tile < tl.load(tile_begin + kind + 1)
+        rows = tl.load(tiles + tile * BLOCK + offs, mask=live & (offs >= 0), other=-1)
         valid = rows >= 0
         rows = tl.where(valid, rows, 0)
     else:
-        tile = pid_m
-        rows = pid_m * BLOCK_M + offs
-        valid = rows < Lq
-        live = pid_m * BLOCK_M < Lq
+        tile = pid
+        rows = pid * BLOCK + offs
+        valid = rows < length
+        live = pid * BLOCK < length
     return tile, rows, valid, live
+
+
+@triton.jit
+def _visits(tile, pid, other_length, visit_begin, HAS_LAYOUT: tl.constexpr,
+            IS_CAUSAL: tl.constexpr, OWN_BLOCK: tl.constexpr, OTHER_BLOCK: tl.constexpr,
+            OWNS_QUERIES: tl.constexpr):
+    """[start, stop) of the tiles a tile program visits: its layout visits, or every dense tile
+    of the other side, without those causal masking empties."""
+    if HAS_LAYOUT:
+        start = tl.load(visit_begin + tile)
+        stop = tl.load(visit_begin + tile + 1)
+    else:
+        start = 0
+        stop = tl.cdiv(other_length, OTHER_BLOCK)
+        if IS_CAUSAL:
+            if OWNS_QUERIES:  # keys after this tile's last query are masked
+                stop = tl.minimum(stop, tl.cdiv((pid + 1) * OWN_BLOCK, OTHER_BLOCK))
+            else:  # queries before this tile's first key see none of it
+                start = (pid * OWN_BLOCK) // OTHER_BLOCK
+    return start, stop
+
+
+@triton.jit
+def _visited_tile(visit, length, tiles, visit_tile, visit_mask, masks, HAS_LAYOUT: tl.constexpr,
+                  BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The tile of the other side at `visit`: (raster rows, valid rows, the visit's
+    (BLOCK_M, BLOCK_N) mask bits, all set where the visit allows every pair)."""
+    offs = tl.arange(0, BLOCK)
+    if HAS_LAYOUT:
+        other = tl.load(visit_tile + visit)
+        rows = tl.load(tiles + other * BLOCK + offs)
+        valid = rows >= 0
+        rows = tl.where(valid, rows, 0)
+        mask_index = tl.load(visit_mask + visit)
+        bits = _visit_bits(masks, tl.maximum(mask_index, 0), BLOCK_M, BLOCK_N)
+        bits = bits | (mask_index < 0)
+    else:
+        rows = visit * BLOCK + offs
+        valid = rows < length
+        bits = tl.full((BLOCK_M, BLOCK_N), 1, tl.int1)
+    return rows, valid, bits
+
+
+@triton.jit
+def _head(ptr, b, h, stride_b, stride_h):
+    return ptr + b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h
 
 
 @triton.jit
@@ -121,42 +168,23 @@ def attention_forward_kernel(
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
-    tile, rows, valid, live = _query_tile(pid_m, h, Lq, head_layout, q_begin, q_tiles,
+    tile, rows, valid, live = _owned_tile(pid_m, h, Lq, head_layout, q_begin, q_tiles,
                                           HAS_LAYOUT, BLOCK_M)
     if live:
         e = tl.arange(0, BLOCK_E)
         ev = tl.arange(0, BLOCK_EV)
-        kc = tl.arange(0, BLOCK_N)
-        Qb = Q + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh
-        Kb = K + b.to(tl.int64) * skb + h.to(tl.int64) * skh
-        Vb = V + b.to(tl.int64) * svb + h.to(tl.int64) * svh
-        Mb = MASK + b.to(tl.int64) * smb + h.to(tl.int64) * smh
-        q = _load_rows(Qb, rows, valid, e, E, sql, sqe)
+        Kb, Vb = _head(K, b, h, skb, skh), _head(V, b, h, svb, svh)
+        Mb = _head(MASK, b, h, smb, smh)
+        q = _load_rows(_head(Q, b, h, sqb, sqh), rows, valid, e, E, sql, sqe)
         acc_dtype = tl.float64 if Q.dtype.element_ty == tl.float64 else tl.float32
         m_i = tl.full((BLOCK_M,), float("-inf"), acc_dtype)
         l_i = tl.zeros((BLOCK_M,), acc_dtype)
         acc = tl.zeros((BLOCK_M, BLOCK_EV), acc_dtype)
-        if HAS_LAYOUT:
-            start = tl.load(visit_begin + tile)
-            stop = tl.load(visit_begin + tile + 1)
-        else:
-            start = 0
-            stop = tl.cdiv(Lk, BLOCK_N)
-            if IS_CAUSAL:
-                stop = tl.minimum(stop, tl.cdiv((pid_m + 1) * BLOCK_M, BLOCK_N))
+        start, stop = _visits(tile, pid_m, Lk, visit_begin, HAS_LAYOUT, IS_CAUSAL, BLOCK_M,
+                              BLOCK_N, True)
         for visit in range(start, stop):
-            if HAS_LAYOUT:
-                kt = tl.load(visit_tile + visit)
-                k_rows = tl.load(k_tiles + kt * BLOCK_N + kc)
-                k_valid = k_rows >= 0
-                k_rows = tl.where(k_valid, k_rows, 0)
-                mask_index = tl.load(visit_mask + visit)
-                bits = _visit_bits(masks, tl.maximum(mask_index, 0), BLOCK_M, BLOCK_N)
-                bits = bits | (mask_index < 0)
-            else:
-                k_rows = visit * BLOCK_N + kc
-                k_valid = k_rows < Lk
-                bits = k_valid[None, :]
+            k_rows, k_valid, bits = _visited_tile(visit, Lk, k_tiles, visit_tile, visit_mask,
+                                                  masks, HAS_LAYOUT, BLOCK_N, BLOCK_M, BLOCK_N)
             k = _load_rows(Kb, k_rows, k_valid, e, E, skl, ske)
             v = _load_rows(Vb, k_rows, k_valid, ev, Ev, svl, sve)
             s = _scores(q, k, rows, valid, k_rows, k_valid, qk_scale, Mb, smq, smk, bits,
@@ -170,8 +198,7 @@ def attention_forward_kernel(
             m_i = m_new
         empty = l_i == 0.0
         out = acc / tl.where(empty, 1.0, l_i)[:, None]
-        Ob = O + b.to(tl.int64) * sob + h.to(tl.int64) * soh
-        _store_rows(Ob, out, rows, valid, ev, Ev, sol, soe)
+        _store_rows(_head(O, b, h, sob, soh), out, rows, valid, ev, Ev, sol, soe)
         lse2 = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
         tl.store(LSE + bh.to(tl.int64) * Lq + rows, lse2, mask=valid)
 
@@ -188,8 +215,8 @@ def row_dot_kernel(O, DO, D, sob, soh, sol, soe, sdb, sdh, sdl, sde, H, Lq, Ev,
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     valid = rows < Lq
     ev = tl.arange(0, BLOCK_EV)
-    o = _load_rows(O + b.to(tl.int64) * sob + h.to(tl.int64) * soh, rows, valid, ev, Ev, sol, soe)
-    do = _load_rows(DO + b.to(tl.int64) * sdb + h.to(tl.int64) * sdh, rows, valid, ev, Ev, sdl, sde)
+    o = _load_rows(_head(O, b, h, sob, soh), rows, valid, ev, Ev, sol, soe)
+    do = _load_rows(_head(DO, b, h, sdb, sdh), rows, valid, ev, Ev, sdl, sde)
     acc_dtype = tl.float64 if O.dtype.element_ty == tl.float64 else tl.float32
     d = tl.sum(o.to(acc_dtype) * do.to(acc_dtype), 1)
     tl.store(D + bh.to(tl.int64) * Lq + rows, d, mask=valid)
@@ -218,52 +245,23 @@ def attention_backward_kv_kernel(
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
-    kc = tl.arange(0, BLOCK_N)
-    if HAS_LAYOUT:
-        kind = tl.load(head_layout + h)
-        tile = tl.load(k_begin + kind) + pid_n
-        live = tile < tl.load(k_begin + kind + 1)
-        k_rows = tl.load(k_tiles + tile * BLOCK_N + kc, mask=live & (kc >= 0), other=-1)
-        k_valid = k_rows >= 0
-        k_rows = tl.where(k_valid, k_rows, 0)
-    else:
-        tile = pid_n
-        k_rows = pid_n * BLOCK_N + kc
-        k_valid = k_rows < Lk
-        live = pid_n * BLOCK_N < Lk
+    tile, k_rows, k_valid, live = _owned_tile(pid_n, h, Lk, head_layout, k_begin, k_tiles,
+                                              HAS_LAYOUT, BLOCK_N)
     if live:
         e = tl.arange(0, BLOCK_E)
         ev = tl.arange(0, BLOCK_EV)
-        qr = tl.arange(0, BLOCK_M)
-        Qb = Q + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh
-        DOb = DO + b.to(tl.int64) * sdb + h.to(tl.int64) * sdh
-        Mb = MASK + b.to(tl.int64) * smb + h.to(tl.int64) * smh
-        k = _load_rows(K + b.to(tl.int64) * skb + h.to(tl.int64) * skh, k_rows, k_valid, e, E, skl, ske)
-        v = _load_rows(V + b.to(tl.int64) * svb + h.to(tl.int64) * svh, k_rows, k_valid, ev, Ev, svl, sve)
+        Qb, DOb = _head(Q, b, h, sqb, sqh), _head(DO, b, h, sdb, sdh)
+        Mb = _head(MASK, b, h, smb, smh)
+        k = _load_rows(_head(K, b, h, skb, skh), k_rows, k_valid, e, E, skl, ske)
+        v = _load_rows(_head(V, b, h, svb, svh), k_rows, k_valid, ev, Ev, svl, sve)
         acc_dtype = tl.float64 if Q.dtype.element_ty == tl.float64 else tl.float32
         dk = tl.zeros((BLOCK_N, BLOCK_E), acc_dtype)
         dv = tl.zeros((BLOCK_N, BLOCK_EV), acc_dtype)
-        if HAS_LAYOUT:
-            start = tl.load(visit_begin + tile)
-            stop = tl.load(visit_begin + tile + 1)
-        else:
-            start = 0
-            if IS_CAUSAL:
-                start = (pid_n * BLOCK_N) // BLOCK_M
-            stop = tl.cdiv(Lq, BLOCK_M)
+        start, stop = _visits(tile, pid_n, Lq, visit_begin, HAS_LAYOUT, IS_CAUSAL, BLOCK_N,
+                              BLOCK_M, False)
         for visit in range(start, stop):
-            if HAS_LAYOUT:
-                qt = tl.load(visit_tile + visit)
-                rows = tl.load(q_tiles + qt * BLOCK_M + qr)
-                valid = rows >= 0
-                rows = tl.where(valid, rows, 0)
-                mask_index = tl.load(visit_mask + visit)
-                bits = _visit_bits(masks, tl.maximum(mask_index, 0), BLOCK_M, BLOCK_N)
-                bits = bits | (mask_index < 0)
-            else:
-                rows = visit * BLOCK_M + qr
-                valid = rows < Lq
-                bits = valid[:, None]
+            rows, valid, bits = _visited_tile(visit, Lq, q_tiles, visit_tile, visit_mask, masks,
+                                              HAS_LAYOUT, BLOCK_M, BLOCK_M, BLOCK_N)
             q = _load_rows(Qb, rows, valid, e, E, sql, sqe)
             do = _load_rows(DOb, rows, valid, ev, Ev, sdl, sde)
             lse2 = tl.load(LSE + bh.to(tl.int64) * Lq + rows, mask=valid, other=float("-inf"))
@@ -275,10 +273,8 @@ def attention_backward_kv_kernel(
             dp = _dot(do, tl.trans(v))
             ds = p * (dp - delta[:, None])
             dk += _dot(tl.trans(ds.to(q.dtype)), q)
-        DKb = DK + b.to(tl.int64) * sdkb + h.to(tl.int64) * sdkh
-        DVb = DV + b.to(tl.int64) * sdvb + h.to(tl.int64) * sdvh
-        _store_rows(DKb, dk * scale, k_rows, k_valid, e, E, sdkl, sdke)
-        _store_rows(DVb, dv, k_rows, k_valid, ev, Ev, sdvl, sdve)
+        _store_rows(_head(DK, b, h, sdkb, sdkh), dk * scale, k_rows, k_valid, e, E, sdkl, sdke)
+        _store_rows(_head(DV, b, h, sdvb, sdvh), dv, k_rows, k_valid, ev, Ev, sdvl, sdve)
 
 
 @triton.jit
@@ -297,42 +293,24 @@ def attention_backward_q_kernel(
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
-    tile, rows, valid, live = _query_tile(pid_m, h, Lq, head_layout, q_begin, q_tiles,
+    tile, rows, valid, live = _owned_tile(pid_m, h, Lq, head_layout, q_begin, q_tiles,
                                           HAS_LAYOUT, BLOCK_M)
     if live:
         e = tl.arange(0, BLOCK_E)
         ev = tl.arange(0, BLOCK_EV)
-        kc = tl.arange(0, BLOCK_N)
-        Kb = K + b.to(tl.int64) * skb + h.to(tl.int64) * skh
-        Vb = V + b.to(tl.int64) * svb + h.to(tl.int64) * svh
-        Mb = MASK + b.to(tl.int64) * smb + h.to(tl.int64) * smh
-        q = _load_rows(Q + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh, rows, valid, e, E, sql, sqe)
-        do = _load_rows(DO + b.to(tl.int64) * sdb + h.to(tl.int64) * sdh, rows, valid, ev, Ev, sdl, sde)
+        Kb, Vb = _head(K, b, h, skb, skh), _head(V, b, h, svb, svh)
+        Mb = _head(MASK, b, h, smb, smh)
+        q = _load_rows(_head(Q, b, h, sqb, sqh), rows, valid, e, E, sql, sqe)
+        do = _load_rows(_head(DO, b, h, sdb, sdh), rows, valid, ev, Ev, sdl, sde)
         lse2 = tl.load(LSE + bh.to(tl.int64) * Lq + rows, mask=valid, other=float("-inf"))
         delta = tl.load(D + bh.to(tl.int64) * Lq + rows, mask=valid, other=0.0)
         acc_dtype = tl.float64 if Q.dtype.element_ty == tl.float64 else tl.float32
         dq = tl.zeros((BLOCK_M, BLOCK_E), acc_dtype)
-        if HAS_LAYOUT:
-            start = tl.load(visit_begin + tile)
-            stop = tl.load(visit_begin + tile + 1)
-        else:
-            start = 0
-            stop = tl.cdiv(Lk, BLOCK_N)
-            if IS_CAUSAL:
-                stop = tl.minimum(stop, tl.cdiv((pid_m + 1) * BLOCK_M, BLOCK_N))
+        start, stop = _visits(tile, pid_m, Lk, visit_begin, HAS_LAYOUT, IS_CAUSAL, BLOCK_M,
+                              BLOCK_N, True)
         for visit in range(start, stop):
-            if HAS_LAYOUT:
-                kt = tl.load(visit_tile + visit)
-                k_rows = tl.load(k_tiles + kt * BLOCK_N + kc)
-                k_valid = k_rows >= 0
-                k_rows = tl.where(k_valid, k_rows, 0)
-                mask_index = tl.load(visit_mask + visit)
-                bits = _visit_bits(masks, tl.maximum(mask_index, 0), BLOCK_M, BLOCK_N)
-                bits = bits | (mask_index < 0)
-            else:
-                k_rows = visit * BLOCK_N + kc
-                k_valid = k_rows < Lk
-                bits = k_valid[None, :]
+            k_rows, k_valid, bits = _visited_tile(visit, Lk, k_tiles, visit_tile, visit_mask,
+                                                  masks, HAS_LAYOUT, BLOCK_N, BLOCK_M, BLOCK_N)
             k = _load_rows(Kb, k_rows, k_valid, e, E, skl, ske)
             v = _load_rows(Vb, k_rows, k_valid, ev, Ev, svl, sve)
             s = _scores(q, k, rows, valid, k_rows, k_valid, qk_scale, Mb, smq, smk, bits,
@@ -341,5 +319,4 @@ def attention_backward_q_kernel(
             dp = _dot(do, tl.trans(v))
             ds = p * (dp - delta[:, None])
             dq += _dot(ds.to(k.dtype), k)
-        _store_rows(DQ + b.to(tl.int64) * sdqb + h.to(tl.int64) * sdqh, dq * scale, rows, valid,
-                    e, E, sdql, sdqe)
+        _store_rows(_head(DQ, b, h, sdqb, sdqh), dq * scale, rows, valid, e, E, sdql, sdqe)
