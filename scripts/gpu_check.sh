@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything that needs an NVIDIA GPU, in one call (~9 minutes on an H100):
+# Everything that needs an NVIDIA GPU, in one call, within ATTN2D_GPU_CHECK_SECONDS (540 s):
 #   1. set-up and build (scripts/setup.sh), with a CUDA build of torch;
 #   2. the GPU tests, attn2d's Triton kernels compiled for the device (pytest -m "triton or gpu");
 #   3. NATTEN, if `pip install` finds a build with CUDA kernels (else the bench says why not);

@@ -74,41 +74,35 @@ def _save_backward_inputs(ctx, inputs, output):
     ctx.others = inputs[4:]
 
 
-def _double_backward(ctx, groups, grad_dq, grad_dk, grad_dv, scale):
-    from .double_backward import attention_double_backward
+def _double_backward(ctx, grad_dq, grad_dk, grad_dv, scale, **pairs):
+    """(grad grad_out, grad q, grad k, grad v) of a backward op (attn2d/double_backward.py);
+    `pairs` say which pairs the call allowed (double_backward.groups_for)."""
+    from .double_backward import attention_double_backward, groups_for
 
     grad_out, q, k, v = ctx.saved_tensors
-    return attention_double_backward(groups(q, k), q, k, v, grad_out, grad_dq, grad_dk, grad_dv,
-                                     scale)
+    g_q, g_k, g_v, g_do = attention_double_backward(groups_for(q, k, **pairs), q, k, v,
+                                                    grad_out, grad_dq, grad_dk, grad_dv, scale)
+    return g_do, g_q, g_k, g_v
 
 
 def _attention_backward_backward(ctx, grad_dq, grad_dk, grad_dv):
-    from .double_backward import dense_groups
-
     _, _, attn_mask, is_causal, scale = ctx.others
-    g_q, g_k, g_v, g_do = _double_backward(
-        ctx, lambda q, k: dense_groups(q, k, attn_mask, is_causal), grad_dq, grad_dk, grad_dv,
-        scale)
-    return g_do, g_q, g_k, g_v, None, None, None, None, None
+    grads = _double_backward(ctx, grad_dq, grad_dk, grad_dv, scale, attn_mask=attn_mask,
+                             is_causal=is_causal)
+    return (*grads, None, None, None, None, None)
 
 
 def _attention2d_backward_backward(ctx, grad_dq, grad_dk, grad_dv):
-    from .double_backward import layout_groups
-
     _, _, layout, _, scale = ctx.others
-    g_q, g_k, g_v, g_do = _double_backward(
-        ctx, lambda q, k: layout_groups(q, k, layout), grad_dq, grad_dk, grad_dv, scale)
-    return g_do, g_q, g_k, g_v, None, None, [None] * len(layout), None, None
+    grads = _double_backward(ctx, grad_dq, grad_dk, grad_dv, scale, layout=layout)
+    return (*grads, None, None, [None] * len(layout), None, None)
 
 
 def _window_backward_backward(ctx, grad_dq, grad_dk, grad_dv):
-    from .double_backward import window_groups
-
     _, _, offsets, height, width, scale = ctx.others
-    g_q, g_k, g_v, g_do = _double_backward(
-        ctx, lambda q, k: window_groups(q, k, offsets, height, width), grad_dq, grad_dk,
-        grad_dv, scale)
-    return g_do, g_q, g_k, g_v, None, None, None, None, None, None
+    grads = _double_backward(ctx, grad_dq, grad_dk, grad_dv, scale,
+                             window=(offsets, height, width))
+    return (*grads, None, None, None, None, None, None)
 
 
 # The backward operators' own backward (attn2d/double_backward.py), for gradient penalties.

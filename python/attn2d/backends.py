@@ -63,7 +63,7 @@ def triton_status() -> tuple[bool, bool, str]:
     """(importable, interpreted, why not importable). Interpreted: TRITON_INTERPRET=1 was set
     when attn2d's kernels were defined, so they run on CPU tensors through numpy."""
     try:
-        from .triton import kernels
+        from .triton import kernels, ops  # noqa: F401  (ops registers the Triton operators)
     except ImportError as e:
         return False, False, f"triton is not installed ({e}); pip install triton"
     from triton.runtime.interpreter import InterpretedFunction
@@ -71,11 +71,17 @@ def triton_status() -> tuple[bool, bool, str]:
     return True, isinstance(kernels.attention_forward_kernel, InterpretedFunction), ""
 
 
-def _triton_refusal(device: torch.device) -> str:
-    """Why the Triton kernels cannot run on `device`, or ""."""
+MAX_TRITON_WIDTH = 256
+
+
+def _triton_refusal(device: torch.device, q_width: int, v_width: int) -> str:
+    """Why the Triton kernels cannot run heads of these widths on `device`, or ""."""
     importable, interpreted, why = triton_status()
     if not importable:
         return why
+    if max(q_width, v_width) > MAX_TRITON_WIDTH:
+        return (f"head widths up to {MAX_TRITON_WIDTH} (E = {q_width}, Ev = {v_width}): a "
+                "64-row tile of wider heads does not fit a GPU's registers")
     if device.type == "cuda":
         if interpreted:
             return ("triton's interpreter is on (TRITON_INTERPRET=1), and it runs CPU tensors "
@@ -91,25 +97,24 @@ def _triton_refusal(device: torch.device) -> str:
 
 def _sdpa_fast_kernel(q, k, v, attn_mask, is_causal) -> str:
     """The name of SDPA's flash or cuDNN kernel if one accepts these CUDA inputs, else "".
-    Those beat attn2d's Triton kernels on the shapes they take (equal head widths, multiples of
-    8, 16-bit); SDPA's mem-efficient kernel alone does not (SAGAN's E=8, Ev=64 among them), and
-    the math kernel stores the score matrix."""
+    The rule assumes, as attn2d.planner.SPEED_ORDER does, that those beat attn2d's Triton kernels
+    on the shapes they take (equal head widths, multiples of 8, 16-bit) and that SDPA's
+    mem-efficient kernel does not (scripts/gpu_check.sh times both). Under torch.compile only
+    the flash probe runs: it is the one whose answer dynamo can fold into the graph."""
     if q.device.type != "cuda" or attn_mask is not None:
         return ""
     params = torch.backends.cuda.SDPAParams(q, k, v, None, 0.0, is_causal, False)
     if torch.backends.cuda.can_use_flash_attention(params, False):
         return "flash"
-    if torch.backends.cuda.can_use_cudnn_attention(params, False):
+    if not torch.compiler.is_compiling() and torch.backends.cuda.can_use_cudnn_attention(
+            params, False):
         return "cudnn"
     return ""
 
 
-def _sdpa_refusal(pattern: bool, attn_mask) -> str:
+def _sdpa_refusal(pattern: bool) -> str:
     if pattern:
         return "SDPA has no 2-D patterns (a pattern is a sparse mask it would store densely)"
-    if attn_mask is not None:
-        return ("SDPA gives NaN on a query row whose mask allows no key, where attn2d gives 0; "
-                "a mask goes to attn2d's kernels")
     return ""
 
 
@@ -127,8 +132,8 @@ def choose_backend(fn: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"{fn}: q is on {device}; attn2d runs on CPU and CUDA tensors")
     cpu_refusal = "" if device.type == "cpu" else f"the C++ kernels run on CPU tensors, not {device.type}"
-    triton_refusal = _triton_refusal(device)
-    sdpa_refusal = _sdpa_refusal(pattern, attn_mask)
+    triton_refusal = _triton_refusal(device, q.shape[-1], v.shape[-1])
+    sdpa_refusal = _sdpa_refusal(pattern)
 
     def refuse_or_pick(backend: str, refusal: str) -> BackendChoice:
         if refusal:
@@ -160,7 +165,13 @@ def choose_backend(fn: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                              f"{triton_refusal}; SDPA: {sdpa_refusal}")
         return BackendChoice("sdpa", "attn2d's Triton kernels cannot run here",
                              (("cpu", cpu_refusal), ("triton", triton_refusal)))
-    why_sdpa = sdpa_refusal or ("neither SDPA's flash nor its cuDNN kernel accepts these "
-                                "inputs (head widths, dtype)")
+    if sdpa_refusal:
+        why_sdpa = sdpa_refusal
+    elif attn_mask is not None:
+        why_sdpa = ("a mask: SDPA's flash kernel takes none, and attn2d's kernels give a row "
+                    "with no allowed key 0 output and 0 gradient on every device")
+    else:
+        why_sdpa = ("neither SDPA's flash nor its cuDNN kernel accepts these inputs (head "
+                    "widths, dtype)")
     return BackendChoice("triton", "attn2d's Triton kernels" + (" (a 2-D pattern)" if pattern else ""),
                          (("cpu", cpu_refusal), ("sdpa", why_sdpa)))

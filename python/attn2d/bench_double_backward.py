@@ -27,8 +27,6 @@ IMPLS = ("attn2d", "math")
 def _context(impl: str):
     if impl == "attn2d":
         return contextlib.nullcontext()
-    if impl != "math":
-        raise ValueError(f"attn2d.bench_double_backward: impl must be one of {IMPLS}; got {impl!r}")
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from .backends import use_backend
@@ -53,6 +51,10 @@ def r1_step(impl: str, channels: int, res: int, batch: int = 1, seed: int = 0,
             module: Optional[torch.nn.Module] = None):
     """(fn, module, x): fn() runs the forward and the input gradient with its graph and returns
     the R1 penalty (call .backward() on it for the rest of the step)."""
+    _check_sizes(channels, res, 1)
+    if impl not in IMPLS:
+        raise ValueError(f"attn2d.bench_double_backward: impl must be one of {IMPLS}; got "
+                         f"{impl!r}")
     module = make_block(channels, seed) if module is None else module
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(batch, channels, res, res, generator=gen).requires_grad_()
@@ -75,7 +77,20 @@ def _time_step(fn, leaves) -> float:
     return time.perf_counter() - t0
 
 
+def _check_sizes(channels: int, res: int, reps: int) -> None:
+    fn = "attn2d.bench_double_backward"
+    for name, value, least in (("channels", channels, 8), ("res", res, 2), ("reps", reps, 1)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{fn}: {name} must be an int; got {type(value).__name__}")
+        if value < least:
+            raise ValueError(f"{fn}: {name} must be >= {least}; got {value}")
+    if channels % 8:
+        raise ValueError(f"{fn}: channels must be a multiple of 8 (q and k at channels // 8); "
+                         f"got {channels}")
+
+
 def run_case(channels: int, res: int, reps: int, with_memory: bool = True) -> dict:
+    _check_sizes(channels, res, reps)
     module = make_block(channels)
     steps = {impl: r1_step(impl, channels, res, module=module) for impl in IMPLS}
     for impl in IMPLS:  # warm-up: code paths, thread pools

@@ -133,12 +133,25 @@ def layout_groups(q: torch.Tensor, k: torch.Tensor, layout) -> Iterator[RowGroup
             yield RowGroup(heads, rows, allowed[valid], None)
 
 
+def groups_for(q, k, attn_mask=None, is_causal=False, layout=None, window=None):
+    """The row groups of a call: a compiled layout's, a window's ((offsets, height, width)),
+    or global attention's with its mask and is_causal."""
+    if layout:
+        return layout_groups(q, k, layout)
+    if window is not None:
+        return window_groups(q, k, *window)
+    return dense_groups(q, k, attn_mask, is_causal)
+
+
 def attention_double_backward(groups, q, k, v, grad_out, grad_dq, grad_dk, grad_dv,
                               scale: float):
     """(grad q, grad k, grad v, grad grad_out) of <grad_dq, dQ> + <grad_dk, dK> + <grad_dv, dV>
     (module docstring); any of the three cotangents may be None (zero). Computed in float32
     (float64 for float64 inputs) whatever autocast is on: a penalty's backward runs inside
     the training step's autocast block."""
+    if k.shape[2] == 0 or q.shape[2] == 0:  # no pairs: every second derivative is 0
+        return (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v),
+                torch.zeros_like(grad_out))
     with torch.autocast(q.device.type, enabled=False):
         return _double_backward(groups, q, k, v, grad_out, grad_dq, grad_dk, grad_dv, scale)
 

@@ -36,9 +36,9 @@ def _global_attention(backend: str, q, k, v, attn_mask, is_causal: bool, scale: 
         from .triton import ops  # noqa: F401  (registers the Triton operators)
 
         return torch.ops.attn2d.triton_attention_forward(q, k, v, attn_mask, is_causal, scale,
-                                                         [])[0]
-    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal,
-                                                            scale=scale)
+                                                         [], [])[0]
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
+                                                            is_causal=is_causal, scale=scale)
 
 
 def attention(
@@ -69,6 +69,9 @@ def attention(
     if not isinstance(is_causal, bool):
         raise TypeError(f"{fn}: is_causal must be a bool; got {type(is_causal).__name__}")
     scale = _checks.resolve_scale(fn, scale, q.shape[-1])
+    if attn_mask is not None and attn_mask.requires_grad and torch.is_grad_enabled():
+        raise ValueError(f"{fn}: attn_mask requires grad, but gradients with respect to the "
+                         "mask are not supported; pass attn_mask.detach()")
     choice = backends.choose_backend(fn, q, k, v, attn_mask, is_causal, pattern=False)
     return _global_attention(choice.backend, q, k, v, attn_mask, is_causal, scale)
 
@@ -95,7 +98,14 @@ def _sparse_layout(pattern, q_hw, kv_hw, heads):
 def _device_layout(pattern, q_hw, kv_hw, heads, device):
     from .triton import ops
 
-    return list(ops.device_layout(pattern, q_hw, kv_hw, heads, device))
+    return list(ops.device_layout(pattern, q_hw, kv_hw, heads, device).tensors)
+
+
+@torch.compiler.assume_constant_result
+def _device_layout_programs(pattern, q_hw, kv_hw, heads, device):
+    from .triton import ops
+
+    return list(ops.device_layout(pattern, q_hw, kv_hw, heads, device).programs)
 
 
 @torch.compiler.assume_constant_result
@@ -172,9 +182,10 @@ def attention2d(
         return attention(r.q, r.k, r.v, scale=r.scale).unflatten(2, r.q_hw)
     choice = backends.choose_backend(fn, r.q, r.k, r.v, None, False, pattern=True)
     if choice.backend == "triton":
-        layout = _device_layout(pattern, r.q_hw, r.kv_hw, r.q.shape[1], r.q.device)
-        out, _ = torch.ops.attn2d.triton_attention_forward(r.q, r.k, r.v, None, False, r.scale,
-                                                           layout)
+        where = (pattern, r.q_hw, r.kv_hw, r.q.shape[1], r.q.device)
+        out, _ = torch.ops.attn2d.triton_attention_forward(
+            r.q, r.k, r.v, None, False, r.scale, _device_layout(*where),
+            _device_layout_programs(*where))
     elif r.offsets is not None:
         out, _ = torch.ops.attn2d.attention2d_window_forward(r.q, r.k, r.v, r.offsets, *r.q_hw,
                                                              r.scale)

@@ -636,4 +636,4 @@ def test_gpu_check_script_parses():
     assert r.returncode == 0, r.stderr
     text = script.read_text()
     assert "set -euo pipefail" in text and "bench --device cuda" in text
-    assert "plan --validate --device cuda" in text and "-m gpu" in text
+    assert "plan --validate --device cuda" in text and '-m "triton or gpu"' in text

@@ -60,6 +60,32 @@ def test_gradgradcheck_masks_causal_strides(variant):
     _gradgradcheck(lambda a, b, c: attn2d.attention(a, b, c, **kw), (q, k, v))
 
 
+@pytest.mark.parametrize("pattern", [None, Window(3), YLG(2), Window(3, border="shift")],
+                         ids=repr)
+def test_gradgradcheck_over_many_row_groups(monkeypatch, pattern):
+    # The smallest groups the module makes (16 rows, one 64-row tile of a layout): several
+    # groups, gathered and scattered rows.
+    from attn2d import double_backward
+
+    monkeypatch.setattr(double_backward, "GROUP_BYTES", 1)
+    if pattern is None:
+        q, k, v = _leaves((1, 2, 37, 3), (1, 2, 20, 3), (1, 2, 20, 2))
+        mask = torch.rand(37, 20) < 0.7
+        _gradgradcheck(lambda a, b, c: attn2d.attention(a, b, c, attn_mask=mask,
+                                                        is_causal=True), (q, k, v))
+        return
+    q, k, v = _leaves((1, 2, 9, 9, 2), (1, 2, 9, 9, 2), (1, 2, 9, 9, 3))
+    _gradgradcheck(lambda a, b, c: attn2d.attention2d(a, b, c, pattern=pattern), (q, k, v))
+
+
+def test_no_keys_give_zero_second_derivatives():
+    q, k, v = _leaves((1, 1, 3, 2), (1, 1, 0, 2), (1, 1, 0, 2))
+    out = attn2d.attention(q, k, v)
+    dq, = torch.autograd.grad(out.square().sum() + q.sum(), (q,), create_graph=True)
+    gq, = torch.autograd.grad(dq.square().sum(), (q,), allow_unused=True)
+    assert gq is None or torch.equal(gq, torch.zeros_like(q))
+
+
 def test_fully_masked_rows_have_zero_second_derivatives():
     q, k, v = _leaves((1, 1, 4, 3), (1, 1, 5, 3), (1, 1, 5, 2))
     mask = torch.ones(4, 5, dtype=torch.bool)

@@ -278,8 +278,14 @@ def test_r1_penalty_matches_its_definition():
                  for i in range(3)]
     want = sum(j.square().sum() for j in per_image) / 3
     assert torch.allclose(r1_penalty(D, x).double(), want, rtol=1e-6)
-    gen = torch.Generator().manual_seed(0)
-    assert gradient_penalty(D, x, torch.zeros_like(x), gen) >= 0
+    fake = torch.randn_like(x)
+    t = torch.rand(3, 1, 1, 1, generator=torch.Generator().manual_seed(0)).double()
+    mixed = t * x + (1 - t) * fake
+    norms = [torch.autograd.functional.jacobian(lambda m: D(m[None])[0, 0], mixed[i]).norm()
+             for i in range(3)]
+    want = sum((n - 1) ** 2 for n in norms) / 3
+    got = gradient_penalty(D, x, fake, torch.Generator().manual_seed(0))
+    assert torch.allclose(got.double(), want, rtol=1e-6)
 
 
 @pytest.mark.parametrize("kw,match", [(dict(r1=-1.0), "r1"), (dict(gp=float("nan")), "gp"),

@@ -232,6 +232,37 @@ def test_gradgradcheck_float64(pattern):
     assert torch.autograd.gradgradcheck(fn, (q, k, v), eps=1e-6, atol=1e-7, fast_mode=True)
 
 
+def test_a_layout_of_full_visits_reads_no_mask_words():
+    # One kind, one 64-query tile visiting one 64-key tile with every pair allowed: the layout
+    # has no mask words at all, which the kernels must not read.
+    from attn2d.triton import ops
+
+    rows = torch.arange(64, dtype=torch.int32)[None]
+    layout = [torch.zeros(1, dtype=torch.int32), torch.tensor([0, 1]), torch.tensor([0, 1]),
+              rows, rows, torch.tensor([0, 1]), torch.zeros(1, dtype=torch.int32),
+              torch.tensor([-1]), torch.tensor([0, 1]), torch.zeros(1, dtype=torch.int32),
+              torch.tensor([-1]), torch.zeros(0, 64, dtype=torch.int64)]
+    layout = [t.to(DEVICE) for t in layout]
+    q, k, v = _leaves((1, 1, 64, 8), (1, 1, 64, 8), (1, 1, 64, 4))
+    out, _ = torch.ops.attn2d.triton_attention_forward(q, k, v, None, False, 0.5, layout, [1, 1])
+    dq, = torch.autograd.grad(out.sum(), (q,))
+    want = naive_attention(*(t.detach().cpu() for t in (q, k, v)), scale=0.5)
+    assert max_err(out.cpu(), want) < 1e-5 and torch.isfinite(dq).all()
+
+
+def test_a_mask_that_requires_grad_is_refused():
+    q, k, v = _leaves((1, 1, 5, 4), (1, 1, 6, 4), (1, 1, 6, 4))
+    mask = torch.zeros(5, 6, device=DEVICE, requires_grad=True)
+    with pytest.raises(ValueError, match="attn_mask requires grad"):
+        attn2d.attention(q, k, v, attn_mask=mask)
+
+
+def test_heads_wider_than_256_are_refused_with_the_widths():
+    q = torch.randn(1, 1, 4, 257, device=DEVICE)
+    with pytest.raises(ValueError, match="E = 257"):
+        attn2d.attention(q, q, q)
+
+
 needs_gpu = pytest.mark.skipif(not ON_GPU, reason="a CUDA device: ATTN2D_GPU=1")
 
 
@@ -272,10 +303,10 @@ def test_modules_on_cuda_under_autocast_and_torch_compile(module):
     assert max_err(got.cpu(), want.cpu()) < 1e-4 and torch.isfinite(xc.grad).all()
 
 
-# Seed 9 (E=3, Ev=5, causal, 96 x 69) gives a dQ error of 3.7e-6 against naive float32's
-# 4.8e-7: the backward's D = rowsum(dO * O) carries the rounding of O into every dS of the row,
-# where naive softmax backward never reads O. The CPU kernels, which share that backward, miss
-# the rule on the same case (3.0e-6); strict, so a fix shows.
+# Seed 9 (E=3, causal) gives a dQ error about 8x naive float32's: the backward's
+# D = rowsum(dO * O) carries the rounding of O into every dS of the row, where naive softmax
+# backward never reads O. The CPU kernels, which share that backward, miss the rule on the same
+# case; strict, so a fix shows.
 D_TERM_LIMIT = pytest.mark.xfail(strict=True, reason="D = rowsum(dO * O) rounding, see above")
 
 

@@ -8,6 +8,7 @@ DistributedDataParallel over gloo (NCCL on CUDA, one GPU a rank)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -303,6 +304,10 @@ def train_variant(cfg: TrainConfig, log: Callable[[str], None] = print,
         log(f"[{cfg.variant}] resumed from {ckpt} at step {step}")
     blocks = attention_blocks(G, D)
     Gw, Dw = G, D
+    if world > 1 and (cfg.r1 or cfg.gp):
+        raise ValueError("attn2d train-gan: --r1 and --gp train in one process: a penalty's "
+                         "step leaves D's parameters off the input gradient without gradients, "
+                         "which DistributedDataParallel refuses")
     if world > 1:
         ids = [device.index] if device.type == "cuda" else None
         Gw = nn.parallel.DistributedDataParallel(G, device_ids=ids)
@@ -465,11 +470,20 @@ def _mib(b: float) -> str:
     return f"{b / 2**20:.0f} MiB"
 
 
+def _penalty_backend(x: torch.Tensor):
+    """On CUDA, attn2d's Triton kernels for a penalty's forward: auto could give equal-width
+    16-bit heads to SDPA's flash kernel, which has no double backward."""
+    from ..backends import use_backend
+
+    return use_backend("triton") if x.device.type == "cuda" else contextlib.nullcontext()
+
+
 def r1_penalty(D, real: torch.Tensor) -> torch.Tensor:
     """R1 (Mescheder et al. 2018): the mean over real images of |dD(x)/dx|^2. Differentiating
     it runs the double backward of every op in D, attention included."""
     real = real.detach().requires_grad_()
-    score = D(real).float().sum()
+    with _penalty_backend(real):
+        score = D(real).float().sum()
     grad, = torch.autograd.grad(score, (real,), create_graph=True)
     return grad.float().square().sum(dim=(1, 2, 3)).mean()
 
@@ -480,7 +494,8 @@ def gradient_penalty(D, real: torch.Tensor, fake: torch.Tensor,
     and fake images."""
     t = torch.rand(real.shape[0], 1, 1, 1, generator=gen).to(real.device, real.dtype)
     mixed = (t * real.detach() + (1 - t) * fake.detach()).requires_grad_()
-    score = D(mixed).float().sum()
+    with _penalty_backend(mixed):
+        score = D(mixed).float().sum()
     grad, = torch.autograd.grad(score, (mixed,), create_graph=True)
     return (grad.float().flatten(1).norm(dim=1) - 1).square().mean()
 

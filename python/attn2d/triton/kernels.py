@@ -11,7 +11,8 @@ One set of kernels serves both shapes of work:
   query tile its visited key tiles and each key tile its visiting query tiles, and a visit
   either allows every pair or carries one 64-bit mask word per query row.
 
-Scores are kept in base 2 (qk_scale folds in log2(e)), and so is the saved log-sum-exp (lse2,
+Programs run on a grid of (batch x heads, tiles): CUDA allows 2^31 - 1 programs along the
+first axis and 65,535 along the second. Scores are kept in base 2 (qk_scale folds in log2(e)), and so is the saved log-sum-exp (lse2,
 the log2 of the sum of exp2 of the base-2 scores: no conversion rounds it between the forward
 and the backward); it is -inf for a row with no allowed key, whose output and gradients are 0. Head widths are padded to
 BLOCK_E/BLOCK_EV inside the kernel by masked loads."""
@@ -79,8 +80,11 @@ def _scores(q, k, q_rows, q_valid, k_rows, k_valid, qk_scale,
 
 @triton.jit
 def _visit_bits(masks_ptr, mask_index, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """A layout visit's mask: bit c of query row r's 64-bit word allows key column c."""
-    words = tl.load(masks_ptr + mask_index * BLOCK_M + tl.arange(0, BLOCK_M))
+    """A layout visit's mask: bit c of query row r's 64-bit word allows key column c; a visit
+    without mask words (index -1) allows every pair and reads nothing."""
+    offs = tl.arange(0, BLOCK_M)
+    words = tl.load(masks_ptr + tl.maximum(mask_index, 0) * BLOCK_M + offs,
+                    mask=(mask_index >= 0) & (offs >= 0), other=-1)
     cols = tl.arange(0, BLOCK_N).to(tl.int64)
     return ((words[:, None] >> cols[None, :]) & 1) != 0
 
@@ -138,9 +142,7 @@ def _visited_tile(visit, length, tiles, visit_tile, visit_mask, masks, HAS_LAYOU
         rows = tl.load(tiles + other * BLOCK + offs)
         valid = rows >= 0
         rows = tl.where(valid, rows, 0)
-        mask_index = tl.load(visit_mask + visit)
-        bits = _visit_bits(masks, tl.maximum(mask_index, 0), BLOCK_M, BLOCK_N)
-        bits = bits | (mask_index < 0)
+        bits = _visit_bits(masks, tl.load(visit_mask + visit), BLOCK_M, BLOCK_N)
     else:
         rows = visit * BLOCK + offs
         valid = rows < length
@@ -164,8 +166,8 @@ def attention_forward_kernel(
     BLOCK_EV: tl.constexpr, HAS_LAYOUT: tl.constexpr, MASK_KIND: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
+    bh = tl.program_id(0)
+    pid_m = tl.program_id(1)
     b = bh // H
     h = bh % H
     tile, rows, valid, live = _owned_tile(pid_m, h, Lq, head_layout, q_begin, q_tiles,
@@ -208,8 +210,8 @@ def row_dot_kernel(O, DO, D, sob, soh, sol, soe, sdb, sdh, sdl, sde, H, Lq, Ev,
                    BLOCK_M: tl.constexpr, BLOCK_EV: tl.constexpr):
     """D = rowsum(dO * O) per query row, in the accumulation dtype: the backward's
     softmax-gradient term."""
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
+    bh = tl.program_id(0)
+    pid_m = tl.program_id(1)
     b = bh // H
     h = bh % H
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -241,8 +243,8 @@ def attention_backward_kv_kernel(
     IS_CAUSAL: tl.constexpr,
 ):
     """dK and dV of one key tile, summed over the query tiles that visit it."""
-    pid_n = tl.program_id(0)
-    bh = tl.program_id(1)
+    bh = tl.program_id(0)
+    pid_n = tl.program_id(1)
     b = bh // H
     h = bh % H
     tile, k_rows, k_valid, live = _owned_tile(pid_n, h, Lk, head_layout, k_begin, k_tiles,
@@ -289,8 +291,8 @@ def attention_backward_q_kernel(
     IS_CAUSAL: tl.constexpr,
 ):
     """dQ of one query tile, summed over the key tiles it visits."""
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
+    bh = tl.program_id(0)
+    pid_m = tl.program_id(1)
     b = bh // H
     h = bh % H
     tile, rows, valid, live = _owned_tile(pid_m, h, Lq, head_layout, q_begin, q_tiles,

@@ -6,7 +6,7 @@ D = rowsum(dO * O), then dK/dV per key tile and dQ per query tile."""
 from __future__ import annotations
 
 import functools
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 import triton
@@ -39,34 +39,45 @@ def _mask_args(attn_mask: Optional[torch.Tensor], q: torch.Tensor, Lk: int):
     return attn_mask, (1 if attn_mask.dtype == torch.bool else 2), tuple(full.stride())
 
 
+class DeviceLayout(NamedTuple):
+    """A compiled layout's tensors on a device, and the programs its kernels need along the
+    tile axis: [the most query tiles, the most key tiles] of any head's kind (read on the CPU
+    once, so that no launch reads a device tensor, which torch.compile could not trace)."""
+
+    tensors: list
+    programs: list
+
+
 @functools.lru_cache(maxsize=64)
-def device_layout(pattern, q_hw: tuple, kv_hw: tuple, heads: int, device: torch.device):
+def device_layout(pattern, q_hw: tuple, kv_hw: tuple, heads: int,
+                  device: torch.device) -> DeviceLayout:
     """A pattern's compiled layout (attn2d._layout.build) on `device`, built and copied once
     per (pattern, grids, heads, device)."""
     from .. import _layout
 
-    return tuple(t.to(device) for t in _layout.build(pattern, q_hw, kv_hw, heads))
+    layout = _layout.build(pattern, q_hw, kv_hw, heads)
+    programs = [int(layout[1].diff().max()), int(layout[2].diff().max())]
+    return DeviceLayout([t.to(device) for t in layout], programs)
 
 
 def _layout_args(layout, q):
-    """The eight layout pointers each kernel takes; for dense work any tensor stands in."""
+    """The nine layout pointers the kernels take; for dense work any tensor stands in."""
     if not layout:
         return (q,) * 9
     return tuple(layout[:9])
 
 
-def _grid_rows(layout, index: int, dense_rows: int, block: int) -> int:
-    """Programs along a grid axis: the largest tile count of any head's layout, or the dense
-    tile count."""
-    if not layout:
-        return triton.cdiv(dense_rows, block)
-    return int(layout[index].diff().max())
+def _tile_programs(programs: list, axis: int, dense_rows: int, block: int) -> int:
+    """Programs along the tile axis: the layout's count (DeviceLayout.programs[axis]), or the
+    dense tile count."""
+    return programs[axis] if programs else triton.cdiv(dense_rows, block)
 
 
 @triton_op("attn2d::triton_attention_forward", mutates_args=())
 def triton_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                              attn_mask: Optional[torch.Tensor], is_causal: bool, scale: float,
-                             layout: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+                             layout: list[torch.Tensor], programs: list[int]
+                             ) -> tuple[torch.Tensor, torch.Tensor]:
     B, H, Lq, E = q.shape
     Lk, Ev = k.shape[2], v.shape[3]
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -79,7 +90,7 @@ def triton_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         _layout_args(layout, q)[:8])
     masks = layout[11] if layout else q
     block_n = LAYOUT_BLOCK if layout else _dense_block_n(max(E, Ev))
-    grid = (_grid_rows(layout, 1, Lq, LAYOUT_BLOCK), B * H)
+    grid = (B * H, _tile_programs(programs, 0, Lq, LAYOUT_BLOCK))
     wrap_triton(kernels.attention_forward_kernel)[grid](
         q, k, v, out, lse, mask, *q.stride(), *k.stride(), *v.stride(), *out.stride(), *ms,
         H, Lq, Lk, E, Ev, scale * kernels.LOG2E,
@@ -93,7 +104,7 @@ def triton_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def triton_attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                               v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                               attn_mask: Optional[torch.Tensor], is_causal: bool, scale: float,
-                              layout: list[torch.Tensor]
+                              layout: list[torch.Tensor], programs: list[int]
                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     B, H, Lq, E = q.shape
     Lk, Ev = k.shape[2], v.shape[3]
@@ -103,7 +114,7 @@ def triton_attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.
     if B * H * Lq == 0 or Lk == 0:
         return dq, dk, dv
     delta = torch.empty_like(lse)
-    wrap_triton(kernels.row_dot_kernel)[(triton.cdiv(Lq, LAYOUT_BLOCK), B * H)](
+    wrap_triton(kernels.row_dot_kernel)[(B * H, triton.cdiv(Lq, LAYOUT_BLOCK))](
         out, grad_out, delta, *out.stride(), *grad_out.stride(), H, Lq, Ev,
         BLOCK_M=LAYOUT_BLOCK, BLOCK_EV=_padded(Ev))
     mask, mask_kind, ms = _mask_args(attn_mask, q, Lk)
@@ -115,14 +126,14 @@ def triton_attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.
                   BLOCK_EV=_padded(Ev), HAS_LAYOUT=bool(layout), MASK_KIND=mask_kind,
                   IS_CAUSAL=is_causal)
     wrap_triton(kernels.attention_backward_kv_kernel)[
-        (_grid_rows(layout, 2, Lk, block_n), B * H)](
+        (B * H, _tile_programs(programs, 1, Lk, block_n))](
         q, k, v, grad_out, lse, delta, dk, dv, mask,
         *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dk.stride(), *dv.stride(),
         *ms, H, Lq, Lk, E, Ev, scale * kernels.LOG2E, scale,
         head_layout, q_tiles, k_begin, k_tiles, back_begin, back_tile, back_mask, masks,
         **common)
     wrap_triton(kernels.attention_backward_q_kernel)[
-        (_grid_rows(layout, 1, Lq, LAYOUT_BLOCK), B * H)](
+        (B * H, _tile_programs(programs, 0, Lq, LAYOUT_BLOCK))](
         q, k, v, grad_out, lse, delta, dq, mask,
         *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dq.stride(),
         *ms, H, Lq, Lk, E, Ev, scale * kernels.LOG2E, scale,
@@ -132,23 +143,29 @@ def triton_attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, attn_mask, is_causal, scale, layout = inputs
+    q, k, v, attn_mask, is_causal, scale, layout, programs = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, attn_mask, *layout)
-    ctx.is_causal, ctx.scale = is_causal, scale
+    ctx.is_causal, ctx.scale, ctx.programs = is_causal, scale, programs
 
 
 def _backward(ctx, grad_out, grad_lse):
     q, k, v, out, lse, attn_mask, *layout = ctx.saved_tensors
     dq, dk, dv = torch.ops.attn2d.triton_attention_backward(
-        grad_out, q, k, v, out, lse, attn_mask, ctx.is_causal, ctx.scale, layout)
-    return dq, dk, dv, None, None, None, [None] * len(layout)
+        grad_out, q, k, v, out, lse, attn_mask, ctx.is_causal, ctx.scale, layout, ctx.programs)
+    return dq, dk, dv, None, None, None, [None] * len(layout), _no_grad(ctx.programs)
+
+
+def _no_grad(ints: list):
+    """The gradient of a list of ints: torch.library reads an empty list as a list of tensors
+    (a list back) and any other as a leaf (None back)."""
+    return [] if not ints else None
 
 
 def _save_backward_inputs(ctx, inputs, output):
-    grad_out, q, k, v, out, lse, attn_mask, is_causal, scale, layout = inputs
+    grad_out, q, k, v = inputs[:4]
     ctx.save_for_backward(grad_out, q, k, v)
-    ctx.attn_mask, ctx.is_causal, ctx.scale, ctx.layout = attn_mask, is_causal, scale, layout
+    ctx.attn_mask, ctx.is_causal, ctx.scale, ctx.layout, ctx.programs = inputs[6:11]
 
 
 def _backward_backward(ctx, grad_dq, grad_dk, grad_dv):
@@ -156,13 +173,11 @@ def _backward_backward(ctx, grad_dq, grad_dk, grad_dv):
     from .. import double_backward as db
 
     grad_out, q, k, v = ctx.saved_tensors
-    if ctx.layout:
-        groups = db.layout_groups(q, k, ctx.layout)
-    else:
-        groups = db.dense_groups(q, k, ctx.attn_mask, ctx.is_causal)
-    g_q, g_k, g_v, g_do = db.attention_double_backward(groups, q, k, v, grad_out, grad_dq,
-                                                       grad_dk, grad_dv, ctx.scale)
-    return g_do, g_q, g_k, g_v, None, None, None, None, None, [None] * len(ctx.layout)
+    g_q, g_k, g_v, g_do = db.attention_double_backward(
+        db.groups_for(q, k, ctx.attn_mask, ctx.is_causal, ctx.layout), q, k, v, grad_out,
+        grad_dq, grad_dk, grad_dv, ctx.scale)
+    return (g_do, g_q, g_k, g_v, None, None, None, None, None, [None] * len(ctx.layout),
+            _no_grad(ctx.programs))
 
 
 triton_attention_forward.register_autograd(_backward, setup_context=_setup_context)
