@@ -58,6 +58,18 @@ def check_on_device(fn: str, name: str, t: torch.Tensor, device: torch.device) -
         raise ValueError(f"{fn}: {name} is on {device}; attn2d runs on CPU and CUDA tensors")
 
 
+def check_run_device(fn: str, device: object) -> None:
+    """A --device value of the command line and the tools: "cpu", or "cuda" where torch sees a
+    CUDA device (the error says why not)."""
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"{fn}: device must be 'cpu' or 'cuda'; got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        why = (f"torch {torch.__version__} is built without CUDA" if torch.version.cuda is None
+               else f"torch {torch.__version__} is built for CUDA {torch.version.cuda} and "
+               "finds no GPU")
+        raise ValueError(f"{fn}: --device cuda: torch sees no CUDA device ({why})")
+
+
 def check_size(fn: str, name: str, t: torch.Tensor, dim: int, want: int, what: str) -> None:
     if t.shape[dim] != want:
         raise ValueError(

@@ -122,15 +122,10 @@ def choose_backend(fn: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    attn_mask: Optional[torch.Tensor], is_causal: bool, *, pattern: bool,
                    setting: Optional[str] = None) -> BackendChoice:
     """The backend that runs this call under `setting` (default: use_backend's). Raises
-    ValueError, naming the setting and the reason, when the set backend cannot run it."""
+    ValueError, naming the setting and the reason, when the set backend cannot run it. The
+    tensors have passed _checks.check_attention: one device, CPU or CUDA."""
     setting = _setting if setting is None else setting
     device = q.device
-    for name, t in (("k", k), ("v", v), ("attn_mask", attn_mask)):
-        if isinstance(t, torch.Tensor) and t.device != device:
-            raise ValueError(f"{fn}: {name} is on {t.device} but q is on {device}; all tensors "
-                             "must be on one device")
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"{fn}: q is on {device}; attn2d runs on CPU and CUDA tensors")
     cpu_refusal = "" if device.type == "cpu" else f"the C++ kernels run on CPU tensors, not {device.type}"
     triton_refusal = _triton_refusal(device, q.shape[-1], v.shape[-1])
     sdpa_refusal = _sdpa_refusal(pattern)

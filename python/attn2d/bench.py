@@ -155,15 +155,16 @@ def time_training_steps(fns: list[Callable[..., torch.Tensor]], inputs: list[tor
     return [{"forward_s": statistics.median(f), "backward_s": statistics.median(b),
              "fwd_bwd_s": statistics.median([x + y for x, y in zip(f, b)]),
              "forward_runs_s": f, "backward_runs_s": b,
+             "fwd_bwd_runs_s": [x + y for x, y in zip(f, b)],
              "forward_faults": statistics.median(ff), "backward_faults": statistics.median(bf)}
             for f, b, ff, bf in zip(fwd, bwd, fwd_faults, bwd_faults)]
 
 
 def paired_speedup(slow: dict, fast: dict, key: str) -> float:
     """The median over reps of slow's time / fast's time in the same rep, for two results of
-    one time_training_steps call (key: "forward" or "backward"). Each pair ran seconds apart at
-    most and shares the machine's speed of the moment; the ratio of the two medians mixes reps
-    from different moments."""
+    one time_training_steps call (key: "forward", "backward" or "fwd_bwd"). Each pair ran
+    seconds apart at most and shares the machine's speed of the moment; the ratio of the two
+    medians mixes reps from different moments."""
     a, b = slow[f"{key}_runs_s"], fast[f"{key}_runs_s"]
     if len(a) != len(b):
         raise ValueError(f"paired_speedup: {len(a)} and {len(b)} runs are not paired")

@@ -7,14 +7,13 @@ The step: a SAGAN attention block (attn2d.nn.SelfAttention2d, q/k at C/8, v at C
 R1 penalty |dD/dx|^2 from autograd.grad(..., create_graph=True); the penalty's backward to the
 weights and the input. Both implementations run the same module and weights: the peer is the
 block under attn2d.use_backend("sdpa") with SDPA's math kernel. Times are interleaved rep by rep
-in one process and reported as medians and the median of per-rep ratios; peak memory is the
-resident set's growth over one step in a fresh process per implementation (attn2d._probe)."""
+in one process (attn2d.bench.time_training_steps) and reported as medians and the median of
+per-rep ratios; peak memory is the resident set's growth over one step in a fresh process per
+implementation (attn2d._probe)."""
 
 from __future__ import annotations
 
 import contextlib
-import statistics
-import time
 from typing import Optional
 
 import torch
@@ -47,34 +46,37 @@ def make_block(channels: int, seed: int = 0) -> torch.nn.Module:
     return block
 
 
-def r1_step(impl: str, channels: int, res: int, batch: int = 1, seed: int = 0,
-            module: Optional[torch.nn.Module] = None):
-    """(fn, module, x): fn() runs the forward and the input gradient with its graph and returns
-    the R1 penalty (call .backward() on it for the rest of the step)."""
-    _check_sizes(channels, res, 1)
+def r1_penalty_fn(impl: str, module: torch.nn.Module, readout: torch.Tensor):
+    """f(x) -> the R1 penalty |d D(x) / dx|^2 with D(x) = <module(x), readout>, computed through
+    `impl`'s attention; its backward is the rest of the step."""
     if impl not in IMPLS:
         raise ValueError(f"attn2d.bench_double_backward: impl must be one of {IMPLS}; got "
                          f"{impl!r}")
-    module = make_block(channels, seed) if module is None else module
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(batch, channels, res, res, generator=gen).requires_grad_()
-    readout = torch.randn(channels, res, res, generator=gen)
 
-    def fn():
+    def fn(x):
         with _context(impl):
             score = (module(x) * readout).sum()
             grad_x, = torch.autograd.grad(score, (x,), create_graph=True)
             return grad_x.square().sum()
 
-    return fn, module, x
+    return fn
 
 
-def _time_step(fn, leaves) -> float:
-    for t in leaves:
-        t.grad = None
-    t0 = time.perf_counter()
-    fn().backward()
-    return time.perf_counter() - t0
+def _inputs(channels: int, res: int, batch: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, channels, res, res, generator=gen)
+    return x, torch.randn(channels, res, res, generator=gen)
+
+
+def r1_step(impl: str, channels: int, res: int, batch: int = 1, seed: int = 0):
+    """(fn, module, x) for one R1 step in a process of its own (attn2d._probe): fn() returns
+    the penalty."""
+    _check_sizes(channels, res, 1)
+    module = make_block(channels, seed)
+    x, readout = _inputs(channels, res, batch, seed)
+    x.requires_grad_()
+    penalty = r1_penalty_fn(impl, module, readout)
+    return (lambda: penalty(x)), module, x
 
 
 def _check_sizes(channels: int, res: int, reps: int) -> None:
@@ -91,21 +93,16 @@ def _check_sizes(channels: int, res: int, reps: int) -> None:
 
 def run_case(channels: int, res: int, reps: int, with_memory: bool = True) -> dict:
     _check_sizes(channels, res, reps)
+    from .bench import paired_speedup, time_training_steps
+
     module = make_block(channels)
-    steps = {impl: r1_step(impl, channels, res, module=module) for impl in IMPLS}
-    for impl in IMPLS:  # warm-up: code paths, thread pools
-        fn, _, x = steps[impl]
-        _time_step(fn, list(module.parameters()) + [x])
-    times = {impl: [] for impl in IMPLS}
-    for _ in range(reps):
-        for impl in IMPLS:
-            fn, _, x = steps[impl]
-            times[impl].append(_time_step(fn, list(module.parameters()) + [x]))
-    ratios = [m / a for m, a in zip(times["math"], times["attn2d"])]
+    x, readout = _inputs(channels, res, 1, 0)
+    attn2d_run, math_run = time_training_steps(
+        [r1_penalty_fn(impl, module, readout) for impl in IMPLS], [x], reps)
     row = {"channels": channels, "res": res, "queries": res * res,
            "keys": (res // 2) * (res // 2), "reps": reps,
-           "median_s": {impl: statistics.median(times[impl]) for impl in IMPLS},
-           "speedup_median_of_ratios": statistics.median(ratios)}
+           "median_s": {"attn2d": attn2d_run["fwd_bwd_s"], "math": math_run["fwd_bwd_s"]},
+           "speedup_median_of_ratios": paired_speedup(math_run, attn2d_run, "fwd_bwd")}
     if with_memory:
         row["peak_bytes"] = {
             impl: measure({"r1": True, "impl": impl, "channels": channels, "res": res},

@@ -127,18 +127,14 @@ def _add_device_option(parser) -> None:
 def _cuda_missing(command: str, device: str) -> bool:
     """Whether `--device cuda` was asked for where torch sees no CUDA device; if so, says so on
     stderr before any work starts."""
-    if device != "cuda":
-        return False
-    import torch
+    from ._checks import check_run_device
 
-    if torch.cuda.is_available():
-        return False
-    why = (f"torch {torch.__version__} is built without CUDA" if torch.version.cuda is None
-           else f"torch {torch.__version__} is built for CUDA {torch.version.cuda} and finds "
-           "no GPU")
-    print(f"attn2d {command}: error: --device cuda: torch sees no CUDA device ({why})",
-          file=sys.stderr)
-    return True
+    try:
+        check_run_device(f"attn2d {command}: error", device)
+    except ValueError as err:
+        print(err, file=sys.stderr)
+        return True
+    return False
 
 
 def _tools_present(command: str, *modules: str) -> bool:

@@ -17,7 +17,8 @@ from typing import Callable, Optional
 
 import torch
 
-from .memory import format_bytes, measure, unfused_attention_bytes
+from . import _checks
+from .memory import cuda_peak_bytes, format_bytes, measure, unfused_attention_bytes
 
 CHANNELS = 64
 BLOCKS = {
@@ -116,18 +117,19 @@ def measure_cuda(block: str, impl: str, res: int, device: torch.device) -> dict:
     grad = torch.randn(1, CHANNELS, res, res, generator=gen).to(device)
     module(x).backward(grad)  # warm-up: kernels compiled, cuDNN's algorithms chosen
     module.zero_grad(set_to_none=True)
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    base = torch.cuda.memory_allocated(device)
-    t0 = time.perf_counter()
-    out = module(x)
-    torch.cuda.synchronize(device)
-    t1 = time.perf_counter()
-    out.backward(grad)
-    torch.cuda.synchronize(device)
-    t2 = time.perf_counter()
-    return {"impl": impl, "forward_s": t1 - t0, "backward_s": t2 - t1,
-            "peak_above_baseline_bytes": torch.cuda.max_memory_allocated(device) - base}
+    seconds = {}
+
+    def step():
+        t0 = time.perf_counter()
+        out = module(x)
+        torch.cuda.synchronize(device)
+        t1 = time.perf_counter()
+        out.backward(grad)
+        torch.cuda.synchronize(device)
+        seconds.update(forward_s=t1 - t0, backward_s=time.perf_counter() - t1)
+
+    peak = cuda_peak_bytes(step, device)
+    return {"impl": impl, **seconds, "peak_above_baseline_bytes": peak}
 
 
 def _seconds(s: float) -> str:
@@ -142,10 +144,7 @@ def run(out_dir: str = "attn2d-report", log: Callable[[str], None] = print,
 
     from . import _tools
 
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"attn2d demo: device must be 'cpu' or 'cuda'; got {device!r}")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("attn2d demo: --device cuda: torch sees no CUDA device")
+    _checks.check_run_device("attn2d demo", device)
     _tools.require("attn2d demo", "matplotlib")  # for its plot, before minutes of work
     os.makedirs(out_dir, exist_ok=True)
     started = time.perf_counter()

@@ -3,9 +3,9 @@
 measure() runs a case in a subprocess (attn2d._probe) so that its peak resident memory is its
 own; unfused_attention_bytes() is the lower bound an unfused implementation cannot go under;
 available_memory_bytes() is what the system can still hand out (bench --patterns runs the
-dense-masked peer only where it fits). On CUDA, cuda_step_peak() measures one warm step in this
-process (torch.cuda.max_memory_allocated), and block_peer() builds a planner block around any
-attention function (`attn2d plan --validate --device cuda` runs SDPA's kernels on it).
+dense-masked peer only where it fits). On CUDA, in this process (torch.cuda.max_memory_allocated),
+cuda_peak_bytes() measures a step's peak and cuda_step_peak() a warm step's peak and time;
+block_peer() builds a planner block around any attention function (`attn2d plan --validate --device cuda` runs SDPA's kernels on it).
 """
 
 from __future__ import annotations
@@ -71,6 +71,19 @@ def format_bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
+def cuda_peak_bytes(step: Callable[[], Any], device) -> int:
+    """torch.cuda.max_memory_allocated growth on `device` over what is allocated before
+    step() runs."""
+    import torch
+
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    step()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - base
+
+
 def cuda_step_peak(step: Callable[[], Any], reps: int = 3) -> tuple[int, float]:
     """(peak bytes, mean seconds) of step() on the current CUDA device: the peak is
     torch.cuda.max_memory_allocated above what was allocated before the call, after one
@@ -81,11 +94,7 @@ def cuda_step_peak(step: Callable[[], Any], reps: int = 3) -> tuple[int, float]:
     step()
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    step()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - before
+    peak = cuda_peak_bytes(step, torch.device("cuda", torch.cuda.current_device()))
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(reps):

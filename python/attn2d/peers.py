@@ -21,7 +21,9 @@ def sdpa(q, k, v, scale):
     return F.scaled_dot_product_attention(q, k, v, scale=scale)
 
 
-def _forced(backend):
+def forced_sdpa(backend):
+    """SDPA with one backend forced: run(q, k, v, scale, attn_mask=None)."""
+
     def run(q, k, v, scale, attn_mask=None):
         with sdpa_kernel(backend):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale)
@@ -29,7 +31,7 @@ def _forced(backend):
     return run
 
 
-_math = _forced(SDPBackend.MATH)
+_math = forced_sdpa(SDPBackend.MATH)
 
 
 # The probe's names of a local pattern's peers (bench --patterns, attn2d._probe): SDPA's math
@@ -50,13 +52,13 @@ PEERS = {
     "unfused": unfused,
     "sdpa": sdpa,
     "sdpa-math": _math,
-    "sdpa-flash": _forced(SDPBackend.FLASH_ATTENTION),
+    "sdpa-flash": forced_sdpa(SDPBackend.FLASH_ATTENTION),
 }
 
 # Every kernel SDPA has on CUDA, each forced: a refusal raises with torch's reason in a warning.
 CUDA_PEERS = {
     "sdpa-math": _math,
-    "sdpa-efficient": _forced(SDPBackend.EFFICIENT_ATTENTION),
-    "sdpa-flash": _forced(SDPBackend.FLASH_ATTENTION),
-    "sdpa-cudnn": _forced(SDPBackend.CUDNN_ATTENTION),
+    "sdpa-efficient": forced_sdpa(SDPBackend.EFFICIENT_ATTENTION),
+    "sdpa-flash": forced_sdpa(SDPBackend.FLASH_ATTENTION),
+    "sdpa-cudnn": forced_sdpa(SDPBackend.CUDNN_ATTENTION),
 }

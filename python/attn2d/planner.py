@@ -604,6 +604,9 @@ def _hardware_table(block: Block) -> str:
 # Bounds of `validate`, as tests/python/test_planner.py holds the model on the CPU: rows that
 # store N x M matrices within 15% of the measurement, fused rows within 25%.
 QUADRATIC_BOUND, FUSED_BOUND = 0.15, 0.25
+# On CUDA, torch.cuda.max_memory_allocated counts exactly what tensors take, with no allocator or
+# page slack: every row is held to the GPU target (`attn2d bench --device cuda` uses it too).
+CUDA_BOUND = 0.10
 VALIDATION_DEVICES = ("cpu", "cuda")
 # A measured row beats the recommended one only by more than this, to rise above timing noise.
 SPEED_MARGIN = 1.10
@@ -720,9 +723,9 @@ def _validate_cuda(block: Block, setting: Setting) -> Validation:
 
     from .memory import cuda_step_peak
 
-    if not torch.cuda.is_available():
-        raise ValueError("attn2d.planner: device 'cuda' (--device cuda): no CUDA device here "
-                         "(torch.cuda.is_available() is False)")
+    from ._checks import check_run_device
+
+    check_run_device("attn2d.planner", "cuda")
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     gpu_plan = plan(block, setting, memory_gib=props.total_memory / GiB,
                     capability=torch.cuda.get_device_capability())
@@ -735,23 +738,16 @@ def _measure_rows(block: Block, setting: Setting, gpu_plan: Plan, device: str,
     """Runs each exact row that gpu_plan says runs, on `device`, through
     measure_step(step) -> (peak bytes, seconds), and checks torch's verdict on the SDPA rows."""
     import torch
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention import SDPBackend
 
     from . import backends
     from .memory import block_peer
-    from .peers import unfused
+    from .peers import forced_sdpa, unfused
 
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[setting.dtype]
     x = torch.randn(setting.batch, block.channels, setting.height, setting.width,
                     device=device, dtype=dtype)
     grad = torch.randn_like(x)
-
-    def forced(backend):
-        def attend(q, k, v, scale):
-            with sdpa_kernel(backend):
-                return F.scaled_dot_product_attention(q, k, v, scale=scale)
-        return attend
 
     sdpa = {"sdpa-math": (SDPBackend.MATH, None),
             "sdpa-mem-efficient": (SDPBackend.EFFICIENT_ATTENTION,
@@ -788,12 +784,14 @@ def _measure_rows(block: Block, setting: Setting, gpu_plan: Plan, device: str,
             return (block_peer(block, _attn2d_attention), "the block around attn2d.attention, "
                     "Triton", "triton")
         backend = sdpa[implementation][0]
-        return block_peer(block, forced(backend)), f"the block around SDPA {backend.name}", None
+        return (block_peer(block, forced_sdpa(backend)), f"the block around SDPA {backend.name}",
+                None)
 
     checks, problems, seconds = [], [], {}
     for implementation in speed_order(gpu_plan.capability):
         est = next(r for r in gpu_plan.estimates if r.implementation == implementation)
-        bound = FUSED_BOUND if implementation in FUSED else QUADRATIC_BOUND
+        bound = (CUDA_BOUND if device == "cuda"
+                 else FUSED_BOUND if implementation in FUSED else QUADRATIC_BOUND)
         can_use = sdpa.get(implementation, (None, None))[1]
         accepted = est.available if can_use is None else torch_accepts(can_use)
         if accepted and not est.available:

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .. import patterns
+from .. import _checks, patterns
 from . import data, metrics, schedules
 from .models import (AttentionConfig, Discriminator, GANConfig, Generator, attention_blocks,
                      count_parameters, hinge_d_loss, hinge_g_loss)
@@ -68,11 +68,7 @@ class TrainConfig:
     gp: float = 0.0
 
     def check(self) -> None:
-        if self.device not in ("cpu", "cuda"):
-            raise ValueError(f"attn2d train-gan: device must be 'cpu' or 'cuda'; got "
-                             f"{self.device!r}")
-        if self.device == "cuda" and not torch.cuda.is_available():
-            raise ValueError("attn2d train-gan: --device cuda: torch sees no CUDA device")
+        _checks.check_run_device("attn2d train-gan", self.device)
         if self.variant not in VARIANTS:
             raise ValueError(f"attn2d train-gan: variant must be one of {VARIANTS}; got "
                              f"{self.variant!r}")

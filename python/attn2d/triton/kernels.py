@@ -232,6 +232,27 @@ def _probabilities(s, lse2):
 
 
 @triton.jit
+def _row_stats(LSE, D, bh, Lq, rows, valid):
+    """lse2 and D of a query tile's rows (-inf and 0 past the end)."""
+    offs = bh.to(tl.int64) * Lq + rows
+    return (tl.load(LSE + offs, mask=valid, other=float("-inf")),
+            tl.load(D + offs, mask=valid, other=0.0))
+
+
+@triton.jit
+def _score_gradients(q, k, v, do, lse2, delta, rows, valid, k_rows, k_valid, qk_scale,
+                     mask_ptr, msq, msk, bits, MASK_KIND: tl.constexpr, IS_CAUSAL: tl.constexpr,
+                     HAS_VISIT_MASK: tl.constexpr):
+    """P and dS = P * (dP - D) of a (query tile, key tile) pair, recomputed from lse2."""
+    acc_dtype = tl.float64 if q.dtype == tl.float64 else tl.float32
+    s = _scores(q, k, rows, valid, k_rows, k_valid, qk_scale, mask_ptr, msq, msk, bits,
+                MASK_KIND, IS_CAUSAL, HAS_VISIT_MASK)
+    p = _probabilities(s, lse2).to(acc_dtype)
+    ds = p * (_dot(do, tl.trans(v)) - delta[:, None])
+    return p, ds
+
+
+@triton.jit
 def attention_backward_kv_kernel(
     Q, K, V, DO, LSE, D, DK, DV, MASK,
     sqb, sqh, sql, sqe, skb, skh, skl, ske, svb, svh, svl, sve, sdb, sdh, sdl, sde,
@@ -266,14 +287,11 @@ def attention_backward_kv_kernel(
                                               HAS_LAYOUT, BLOCK_M, BLOCK_M, BLOCK_N)
             q = _load_rows(Qb, rows, valid, e, E, sql, sqe)
             do = _load_rows(DOb, rows, valid, ev, Ev, sdl, sde)
-            lse2 = tl.load(LSE + bh.to(tl.int64) * Lq + rows, mask=valid, other=float("-inf"))
-            delta = tl.load(D + bh.to(tl.int64) * Lq + rows, mask=valid, other=0.0)
-            s = _scores(q, k, rows, valid, k_rows, k_valid, qk_scale, Mb, smq, smk, bits,
-                        MASK_KIND, IS_CAUSAL, HAS_LAYOUT)
-            p = _probabilities(s, lse2).to(acc_dtype)
+            lse2, delta = _row_stats(LSE, D, bh, Lq, rows, valid)
+            p, ds = _score_gradients(q, k, v, do, lse2, delta, rows, valid, k_rows, k_valid,
+                                     qk_scale, Mb, smq, smk, bits, MASK_KIND, IS_CAUSAL,
+                                     HAS_LAYOUT)
             dv += _dot(tl.trans(p.to(do.dtype)), do)
-            dp = _dot(do, tl.trans(v))
-            ds = p * (dp - delta[:, None])
             dk += _dot(tl.trans(ds.to(q.dtype)), q)
         _store_rows(_head(DK, b, h, sdkb, sdkh), dk * scale, k_rows, k_valid, e, E, sdkl, sdke)
         _store_rows(_head(DV, b, h, sdvb, sdvh), dv, k_rows, k_valid, ev, Ev, sdvl, sdve)
@@ -304,8 +322,7 @@ def attention_backward_q_kernel(
         Mb = _head(MASK, b, h, smb, smh)
         q = _load_rows(_head(Q, b, h, sqb, sqh), rows, valid, e, E, sql, sqe)
         do = _load_rows(_head(DO, b, h, sdb, sdh), rows, valid, ev, Ev, sdl, sde)
-        lse2 = tl.load(LSE + bh.to(tl.int64) * Lq + rows, mask=valid, other=float("-inf"))
-        delta = tl.load(D + bh.to(tl.int64) * Lq + rows, mask=valid, other=0.0)
+        lse2, delta = _row_stats(LSE, D, bh, Lq, rows, valid)
         acc_dtype = tl.float64 if Q.dtype.element_ty == tl.float64 else tl.float32
         dq = tl.zeros((BLOCK_M, BLOCK_E), acc_dtype)
         start, stop = _visits(tile, pid_m, Lk, visit_begin, HAS_LAYOUT, IS_CAUSAL, BLOCK_M,
@@ -315,10 +332,8 @@ def attention_backward_q_kernel(
                                                   masks, HAS_LAYOUT, BLOCK_N, BLOCK_M, BLOCK_N)
             k = _load_rows(Kb, k_rows, k_valid, e, E, skl, ske)
             v = _load_rows(Vb, k_rows, k_valid, ev, Ev, svl, sve)
-            s = _scores(q, k, rows, valid, k_rows, k_valid, qk_scale, Mb, smq, smk, bits,
-                        MASK_KIND, IS_CAUSAL, HAS_LAYOUT)
-            p = _probabilities(s, lse2).to(acc_dtype)
-            dp = _dot(do, tl.trans(v))
-            ds = p * (dp - delta[:, None])
+            _, ds = _score_gradients(q, k, v, do, lse2, delta, rows, valid, k_rows, k_valid,
+                                     qk_scale, Mb, smq, smk, bits, MASK_KIND, IS_CAUSAL,
+                                     HAS_LAYOUT)
             dq += _dot(ds.to(k.dtype), k)
         _store_rows(_head(DQ, b, h, sdqb, sdqh), dq * scale, rows, valid, e, E, sdql, sdqe)

@@ -108,11 +108,11 @@ def triton_attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.
                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     B, H, Lq, E = q.shape
     Lk, Ev = k.shape[2], v.shape[3]
-    # Every gradient row is written by the program of its tile; zeros cover keys that no
-    # tile lists and empty shapes.
-    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    if B * H * Lq == 0 or Lk == 0:
-        return dq, dk, dv
+    if B * H * Lq == 0 or Lk == 0:  # no pairs: every gradient is 0
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    # Every gradient row is written by the program of the one tile that holds it (a layout's
+    # tiles of each kind cover every query and key position).
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     delta = torch.empty_like(lse)
     wrap_triton(kernels.row_dot_kernel)[(B * H, triton.cdiv(Lq, LAYOUT_BLOCK))](
         out, grad_out, delta, *out.stride(), *grad_out.stride(), H, Lq, Ev,
