@@ -173,13 +173,21 @@ AttentionParams make_params(const at::Tensor& q, const at::Tensor& k, const at::
   return p;
 }
 
-// The forward of both ops. Every row is written, with a layout too: validate_layout requires
-// each layout's query tiles to hold every row (a zero fill of out was 4.5% of the YLG 128x128
-// forward's samples, one thread).
-std::tuple<at::Tensor, at::Tensor> forward_with_layout(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const std::optional<at::Tensor>& attn_mask, bool is_causal, double scale,
-    const SparseLayout* layout, const char* op, const WindowOffsets* window = nullptr) {
+bool is_16_bit(const at::Tensor& t) {
+  return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;
+}
+
+using ForwardResult = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+
+// The forward of every op: out, lse and out_accum, the float32 output before its rounding where
+// keep_out_accum asks for it and q is 16-bit (for the backward's D; AttentionParams::out_accum),
+// else an empty float32 tensor. Every row is written, with a layout too: validate_layout
+// requires each layout's query tiles to hold every row (a zero fill of out was 4.5% of the YLG
+// 128x128 forward's samples, one thread).
+ForwardResult forward_with_layout(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const std::optional<at::Tensor>& attn_mask, bool is_causal,
+                                  double scale, bool keep_out_accum, const SparseLayout* layout,
+                                  const char* op, const WindowOffsets* window = nullptr) {
   at::Tensor mask_holder;
   AttentionParams p = make_params(q, k, v, attn_mask, is_causal, scale, op, &mask_holder);
   p.layout = layout;
@@ -191,15 +199,21 @@ std::tuple<at::Tensor, at::Tensor> forward_with_layout(
   copy_strides(out, p.out_stride);
   p.lse = lse.data_ptr();
   copy_strides(lse, p.lse_stride);
+  at::Tensor out_accum = keep_out_accum && is_16_bit(q)
+                             ? at::empty({p.batch, p.heads, p.len_q, p.dim_v}, lse_options)
+                             : at::empty({0}, lse_options);
+  if (out_accum.numel() > 0) {
+    p.out_accum = out_accum.data_ptr();
+    copy_strides(out_accum, p.out_accum_stride);
+  }
   raise_unless_ok(attn2d::attention_forward(p, torch_host()), op);
-  return {out, lse};
+  return {out, lse, out_accum};
 }
 
-std::tuple<at::Tensor, at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor& k,
-                                                     const at::Tensor& v,
-                                                     const std::optional<at::Tensor>& attn_mask,
-                                                     bool is_causal, double scale) {
-  return forward_with_layout(q, k, v, attn_mask, is_causal, scale, nullptr,
+ForwardResult attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const std::optional<at::Tensor>& attn_mask, bool is_causal,
+                                double scale, bool keep_out_accum) {
+  return forward_with_layout(q, k, v, attn_mask, is_causal, scale, keep_out_accum, nullptr,
                              "attn2d.attention_forward");
 }
 
@@ -214,11 +228,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_with_layout(
   bp.fwd.layout = layout;
   bp.fwd.window = window;
   AttentionParams& p = bp.fwd;
+  // out may be the forward's float32 out_accum for a 16-bit q: D is then computed from it.
+  const bool out_is_accum = is_16_bit(q) && out.scalar_type() == at::kFloat;
   for (const auto& [t, name] : {std::pair<const at::Tensor&, const char*>{grad_out, "grad_out"},
                                 {out, "out"}}) {
     check_rank(t, name, "(B, H, Lq, Ev)", op);
     check_cpu_float(t, name, op);
-    check_same_dtype(t, q, name, op);
+    if (&t != &out || !out_is_accum) check_same_dtype(t, q, name, op);
     const std::int64_t want[4] = {p.batch, p.heads, p.len_q, p.dim_v};
     TORCH_CHECK_VALUE(t.sizes() == at::IntArrayRef(want, 4), op, ": ", name, " must have shape ",
                       at::IntArrayRef(want, 4), "; got ", t.sizes());
@@ -231,8 +247,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_with_layout(
   TORCH_CHECK_VALUE(lse.sizes() == at::IntArrayRef(lse_shape, 3), op,
                     ": lse must have shape (B, H, Lq) = ", at::IntArrayRef(lse_shape, 3),
                     "; got ", lse.sizes());
-  p.out = const_cast<void*>(out.data_ptr());
-  copy_strides(out, p.out_stride);
+  if (out_is_accum) {
+    p.out_accum = const_cast<void*>(out.data_ptr());
+    copy_strides(out, p.out_accum_stride);
+  } else {
+    p.out = const_cast<void*>(out.data_ptr());
+    copy_strides(out, p.out_stride);
+  }
   p.lse = const_cast<void*>(lse.data_ptr());
   copy_strides(lse, p.lse_stride);
   bp.dout = grad_out.data_ptr();
@@ -317,14 +338,13 @@ SparseLayout make_layout(const at::TensorList& t, std::int64_t block_q, const ch
   return lay;
 }
 
-std::tuple<at::Tensor, at::Tensor> attention2d_forward(const at::Tensor& q, const at::Tensor& k,
-                                                       const at::Tensor& v,
-                                                       at::TensorList layout,
-                                                       std::int64_t block_q, double scale) {
+ForwardResult attention2d_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  at::TensorList layout, std::int64_t block_q, double scale,
+                                  bool keep_out_accum) {
   const char* op = "attn2d.attention2d_forward";
   check_layout_heads(layout, q, op);
   const SparseLayout lay = make_layout(layout, block_q, op);
-  return forward_with_layout(q, k, v, std::nullopt, false, scale, &lay, op);
+  return forward_with_layout(q, k, v, std::nullopt, false, scale, keep_out_accum, &lay, op);
 }
 
 // The offsets of a window op (a (2, count) int32 tensor: row offsets, then column offsets) as
@@ -343,12 +363,14 @@ WindowOffsets window_offsets(const at::Tensor& offsets, std::int64_t height, std
 }
 
 // A window pattern's forward and backward on the offsets kernels (cpu/window_*_cpu.cc).
-std::tuple<at::Tensor, at::Tensor> attention2d_window_forward(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& offsets,
-    std::int64_t height, std::int64_t width, double scale) {
+ForwardResult attention2d_window_forward(const at::Tensor& q, const at::Tensor& k,
+                                         const at::Tensor& v, const at::Tensor& offsets,
+                                         std::int64_t height, std::int64_t width, double scale,
+                                         bool keep_out_accum) {
   const char* op = "attn2d.attention2d_window_forward";
   const WindowOffsets w = window_offsets(offsets, height, width, op);
-  return forward_with_layout(q, k, v, std::nullopt, false, scale, nullptr, op, &w);
+  return forward_with_layout(q, k, v, std::nullopt, false, scale, keep_out_accum, nullptr, op,
+                             &w);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention2d_window_backward(
@@ -473,21 +495,22 @@ std::int64_t host_threads_used(std::int64_t tasks) {
 TORCH_LIBRARY(attn2d, m) {
   m.def(
       "attention_forward(Tensor q, Tensor k, Tensor v, Tensor? attn_mask, bool is_causal, "
-      "float scale) -> (Tensor out, Tensor lse)");
+      "float scale, bool keep_out_accum=False) -> (Tensor out, Tensor lse, Tensor out_accum)");
   m.def(
       "attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
       "Tensor? attn_mask, bool is_causal, float scale) -> (Tensor grad_q, Tensor grad_k, "
       "Tensor grad_v)");
   m.def(
       "attention2d_forward(Tensor q, Tensor k, Tensor v, Tensor[] layout, int block_q, "
-      "float scale) -> (Tensor out, Tensor lse)");
+      "float scale, bool keep_out_accum=False) -> (Tensor out, Tensor lse, Tensor out_accum)");
   m.def(
       "attention2d_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, "
       "Tensor lse, Tensor[] layout, int block_q, float scale) -> (Tensor grad_q, Tensor grad_k, "
       "Tensor grad_v)");
   m.def(
       "attention2d_window_forward(Tensor q, Tensor k, Tensor v, Tensor offsets, int height, "
-      "int width, float scale) -> (Tensor out, Tensor lse)");
+      "int width, float scale, bool keep_out_accum=False) -> (Tensor out, Tensor lse, "
+      "Tensor out_accum)");
   m.def(
       "attention2d_window_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, "
       "Tensor lse, Tensor offsets, int height, int width, float scale) -> (Tensor grad_q, "

@@ -33,13 +33,20 @@ struct AttentionParams {
   std::int64_t k_stride[4] = {};
   const void* v = nullptr;  // (batch, heads, len_k, dim_v)
   std::int64_t v_stride[4] = {};
-  void* out = nullptr;  // (batch, heads, len_q, dim_v); read by the backward
+  void* out = nullptr;  // (batch, heads, len_q, dim_v); read by the backward unless out_accum
   std::int64_t out_stride[4] = {};
   // (batch, heads, len_q) row log-sum-exp of the scaled, masked scores, in the accumulation type
   // (double for float64, else float); -inf for a row with no allowed key. The forward
   // writes it when non-null; the backward requires it.
   void* lse = nullptr;
   std::int64_t lse_stride[3] = {};
+  // (batch, heads, len_q, dim_v) in float: the output before its rounding to a 16-bit dtype
+  // (bfloat16 and float16 only; null otherwise). The forward writes it when non-null. The
+  // backward reads it in place of `out` when non-null: its D = rowsum(dO * O) from the rounded
+  // output would carry that rounding into every dQ row, where the float output keeps dQ to
+  // one rounding.
+  void* out_accum = nullptr;
+  std::int64_t out_accum_stride[4] = {};
 
   MaskKind mask_kind = MaskKind::kNone;
   const void* mask = nullptr;  // (batch, heads, len_q, len_k), broadcast through 0 strides

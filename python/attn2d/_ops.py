@@ -27,17 +27,21 @@ def _load_binding() -> None:
 _load_binding()
 
 
-def _forward_outputs(q, v):
-    """out (B, H, Lq, Ev) in q's dtype and lse (B, H, Lq) in the accumulation dtype."""
+def _forward_outputs(q, v, keep_out_accum):
+    """out (B, H, Lq, Ev) in q's dtype, lse (B, H, Lq) in the accumulation dtype, and out_accum:
+    the float32 output before rounding, (B, H, Lq, Ev) where kept (a 16-bit q), else (0,)."""
     B, H, Lq, _ = q.shape
     lse_dtype = _checks.accumulation_dtype(q.dtype)
-    return q.new_empty((B, H, Lq, v.shape[-1])), q.new_empty((B, H, Lq), dtype=lse_dtype)
+    kept = keep_out_accum and q.dtype in (torch.bfloat16, torch.float16)
+    accum_shape = (B, H, Lq, v.shape[-1]) if kept else (0,)
+    return (q.new_empty((B, H, Lq, v.shape[-1])), q.new_empty((B, H, Lq), dtype=lse_dtype),
+            q.new_empty(accum_shape, dtype=lse_dtype))
 
 
 @torch.library.register_fake("attn2d::attention_forward")
-def _attention_forward_fake(q, k, v, attn_mask, is_causal, scale):
+def _attention_forward_fake(q, k, v, attn_mask, is_causal, scale, keep_out_accum=False):
     _checks.check_attention("attn2d.attention_forward", q, k, v, attn_mask, check_device=False)
-    return _forward_outputs(q, v)
+    return _forward_outputs(q, v, keep_out_accum)
 
 
 @torch.library.register_fake("attn2d::attention_backward")
@@ -47,9 +51,9 @@ def _attention_backward_fake(grad_out, q, k, v, out, lse, attn_mask, is_causal, 
 
 
 @torch.library.register_fake("attn2d::attention2d_forward")
-def _attention2d_forward_fake(q, k, v, layout, block_q, scale):
+def _attention2d_forward_fake(q, k, v, layout, block_q, scale, keep_out_accum=False):
     _checks.check_attention("attn2d.attention2d_forward", q, k, v, None, check_device=False)
-    return _forward_outputs(q, v)
+    return _forward_outputs(q, v, keep_out_accum)
 
 
 @torch.library.register_fake("attn2d::attention2d_backward")
@@ -58,9 +62,10 @@ def _attention2d_backward_fake(grad_out, q, k, v, out, lse, layout, block_q, sca
 
 
 @torch.library.register_fake("attn2d::attention2d_window_forward")
-def _attention2d_window_forward_fake(q, k, v, offsets, height, width, scale):
+def _attention2d_window_forward_fake(q, k, v, offsets, height, width, scale,
+                                     keep_out_accum=False):
     _checks.check_attention("attn2d.attention2d_window_forward", q, k, v, None, check_device=False)
-    return _forward_outputs(q, v)
+    return _forward_outputs(q, v, keep_out_accum)
 
 
 @torch.library.register_fake("attn2d::attention2d_window_backward")

@@ -29,6 +29,13 @@ def _autocast_inputs(*ts):
         for t in ts)
 
 
+def _keeps_out_accum(q, k, v) -> bool:
+    """Whether a Triton forward keeps its float32 output for the backward's D: a 16-bit call
+    that a backward may follow (the CPU operators ask the same in C++, torch_autograd.cc)."""
+    return (q.dtype in (torch.bfloat16, torch.float16) and torch.is_grad_enabled()
+            and any(t.requires_grad for t in (q, k, v)))
+
+
 def _global_attention(backend: str, q, k, v, attn_mask, is_causal: bool, scale: float):
     if backend == "cpu":
         return torch.ops.attn2d.attention_forward(q, k, v, attn_mask, is_causal, scale)[0]
@@ -36,7 +43,7 @@ def _global_attention(backend: str, q, k, v, attn_mask, is_causal: bool, scale: 
         from .triton import ops  # noqa: F401  (registers the Triton operators)
 
         return torch.ops.attn2d.triton_attention_forward(q, k, v, attn_mask, is_causal, scale,
-                                                         [], [])[0]
+                                                         [], [], _keeps_out_accum(q, k, v))[0]
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
                                                             is_causal=is_causal, scale=scale)
 
@@ -183,15 +190,15 @@ def attention2d(
     choice = backends.choose_backend(fn, r.q, r.k, r.v, None, False, pattern=True)
     if choice.backend == "triton":
         where = (pattern, r.q_hw, r.kv_hw, r.q.shape[1], r.q.device)
-        out, _ = torch.ops.attn2d.triton_attention_forward(
+        out = torch.ops.attn2d.triton_attention_forward(
             r.q, r.k, r.v, None, False, r.scale, _device_layout(*where),
-            _device_layout_programs(*where))
+            _device_layout_programs(*where), _keeps_out_accum(r.q, r.k, r.v))[0]
     elif r.offsets is not None:
-        out, _ = torch.ops.attn2d.attention2d_window_forward(r.q, r.k, r.v, r.offsets, *r.q_hw,
-                                                             r.scale)
+        out = torch.ops.attn2d.attention2d_window_forward(r.q, r.k, r.v, r.offsets, *r.q_hw,
+                                                          r.scale)[0]
     else:
         from . import _layout
 
-        out, _ = torch.ops.attn2d.attention2d_forward(r.q, r.k, r.v, r.layout, _layout.BLOCK_Q,
-                                                      r.scale)
+        out = torch.ops.attn2d.attention2d_forward(r.q, r.k, r.v, r.layout, _layout.BLOCK_Q,
+                                                   r.scale)[0]
     return out.unflatten(2, r.q_hw)

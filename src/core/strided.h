@@ -13,6 +13,15 @@ inline std::int64_t offset4(const std::int64_t* stride, std::int64_t b, std::int
   return b * stride[0] + h * stride[1] + i * stride[2] + j * stride[3];
 }
 
+// Slice (b, h) of p's out_accum at its row 0 (element type T, the accumulation type), or null
+// where the call keeps no float output.
+template <typename T>
+T* OutAccumAt(const AttentionParams& p, std::int64_t b, std::int64_t h) {
+  return p.out_accum == nullptr
+             ? nullptr
+             : static_cast<T*>(p.out_accum) + offset4(p.out_accum_stride, b, h, 0, 0);
+}
+
 // The mask of one (batch, head) slice, with causality folded in, as the scores see it.
 template <typename T>
 struct SliceMask {

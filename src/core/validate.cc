@@ -178,9 +178,9 @@ Status validate_window(const AttentionParams& p) {
   return Status::Ok();
 }
 
-}  // namespace
-
-Status validate(const AttentionParams& p) {
+// The checks of the forward's params; the backward reads O from out_accum where it is set, so
+// there `out` may be null beside it.
+Status validate_params(const AttentionParams& p, bool backward) {
   if (p.dtype != DType::kFloat32 && p.dtype != DType::kFloat64 && p.dtype != DType::kBFloat16 &&
       p.dtype != DType::kFloat16) {
     return Status::Unsupported("dtype must be float32, float64, bfloat16 or float16");
@@ -204,7 +204,16 @@ Status validate(const AttentionParams& p) {
   if (!(s = check_pointer(p.q, rows && p.dim_qk > 0, "q")).ok()) return s;
   if (!(s = check_pointer(p.k, keys && p.dim_qk > 0, "k")).ok()) return s;
   if (!(s = check_pointer(p.v, keys && p.dim_v > 0, "v")).ok()) return s;
-  if (!(s = check_pointer(p.out, rows && p.dim_v > 0, "out")).ok()) return s;
+  const void* out = backward && p.out_accum != nullptr ? p.out_accum : p.out;
+  if (!(s = check_pointer(out, rows && p.dim_v > 0, backward ? "out (or out_accum)" : "out"))
+           .ok()) {
+    return s;
+  }
+  if (p.out_accum != nullptr && p.dtype != DType::kBFloat16 && p.dtype != DType::kFloat16) {
+    return Status::InvalidArgument(
+        "out_accum is for bfloat16 and float16 only (the float32 and float64 outputs are not "
+        "rounded); pass null");
+  }
   switch (p.mask_kind) {
     case MaskKind::kNone:
       break;
@@ -220,8 +229,12 @@ Status validate(const AttentionParams& p) {
   return Status::Ok();
 }
 
+}  // namespace
+
+Status validate(const AttentionParams& p) { return validate_params(p, /*backward=*/false); }
+
 Status validate(const AttentionBackwardParams& p) {
-  Status s = validate(p.fwd);
+  Status s = validate_params(p.fwd, /*backward=*/true);
   if (!s.ok()) return s;
   const AttentionParams& f = p.fwd;
   const bool rows = f.batch > 0 && f.heads > 0 && f.len_q > 0;

@@ -3,7 +3,8 @@
 //
 // Every product and sum runs in float32 and each result is rounded once to 16 bits, so the
 // error is the output rounding (half an ulp: 2^-9 relative for bfloat16, 2^-12 for float16)
-// plus float32 noise; the backward also reads the rounded forward output (delta = rowsum(dO*O)).
+// plus float32 noise; the backward's delta = rowsum(dO*O) reads the forward's output, rounded
+// (or in float through out_accum).
 // The bound is 4 rounding units of the tensor's largest magnitude.
 #include <gtest/gtest.h>
 
@@ -94,43 +95,56 @@ double max_error(const Tensor4<H>& ours, const Tensor4<double>& oracle, double* 
   return worst;
 }
 
+// The float64 oracle of pr (whose values are the rounded ones) and the 16-bit problem's tensors:
+// inputs rounded from pr, outputs and the params of a forward and backward over them, with
+// views and strides from the float32 runner's layout.
+template <typename H>
+struct HalfRun {
+  Result<double> oracle;
+  Tensor4<H> q, k, v, dout, out, dq, dk, dv;
+  std::vector<float> lse;
+  AttentionBackwardParams bp;
+
+  explicit HalfRun(Problem<float>& pr) {
+    q = to_half<H>(pr.q), k = to_half<H>(pr.k), v = to_half<H>(pr.v);
+    dout = to_half<H>(pr.dout);
+    Problem<double> pr64;
+    pr64.B = pr.B, pr64.H = pr.H, pr64.Lq = pr.Lq, pr64.Lk = pr.Lk, pr64.E = pr.E;
+    pr64.Ev = pr.Ev, pr64.scale = pr.scale, pr64.causal = pr.causal, pr64.layout = pr.layout;
+    pr64.q = pr.q.cast<double>(), pr64.k = pr.k.cast<double>(), pr64.v = pr.v.cast<double>();
+    pr64.dout = pr.dout.cast<double>();
+    pr64.mask.kind = pr.mask.kind, pr64.mask.stride = pr.mask.stride;
+    pr64.mask.bools = pr.mask.bools;
+    pr64.mask.bias.assign(pr.mask.bias.begin(), pr.mask.bias.end());
+    oracle = run(pr64, Backend::kReference, serial_host(), reference::Precision::kFloat64);
+    Result<float> shape_of = run(pr, Backend::kCpu, serial_host());
+    out = empty_like<H>(shape_of.out), dq = empty_like<H>(shape_of.dq);
+    dk = empty_like<H>(shape_of.dk), dv = empty_like<H>(shape_of.dv);
+    lse.resize(shape_of.lse.size());
+    bp.fwd = forward_params(pr, shape_of.out, lse);
+    bp.fwd.dtype = Traits<H>::kDType;
+    bp.fwd.q = q.data.data(), bp.fwd.k = k.data.data(), bp.fwd.v = v.data.data();
+    bp.fwd.out = out.data.data();
+    bp.dout = dout.data.data();
+    std::copy(dout.stride.begin(), dout.stride.end(), bp.dout_stride);
+    bp.dq = dq.data.data(), bp.dk = dk.data.data(), bp.dv = dv.data.data();
+    std::copy(dq.stride.begin(), dq.stride.end(), bp.dq_stride);
+    std::copy(dk.stride.begin(), dk.stride.end(), bp.dk_stride);
+    std::copy(dv.stride.begin(), dv.stride.end(), bp.dv_stride);
+  }
+};
+
 template <typename H>
 void expect_close_to_reference(Problem<float> pr, const std::string& what) {
   SCOPED_TRACE(what);
-  const Tensor4<H> q = to_half<H>(pr.q), k = to_half<H>(pr.k), v = to_half<H>(pr.v);
-  const Tensor4<H> dout = to_half<H>(pr.dout);
-
-  Problem<double> pr64;
-  pr64.B = pr.B, pr64.H = pr.H, pr64.Lq = pr.Lq, pr64.Lk = pr.Lk, pr64.E = pr.E, pr64.Ev = pr.Ev;
-  pr64.scale = pr.scale, pr64.causal = pr.causal, pr64.layout = pr.layout;
-  pr64.q = pr.q.cast<double>(), pr64.k = pr.k.cast<double>(), pr64.v = pr.v.cast<double>();
-  pr64.dout = pr.dout.cast<double>();
-  pr64.mask.kind = pr.mask.kind, pr64.mask.stride = pr.mask.stride;
-  pr64.mask.bools = pr.mask.bools;
-  pr64.mask.bias.assign(pr.mask.bias.begin(), pr.mask.bias.end());
-  const Result<double> oracle =
-      run(pr64, Backend::kReference, serial_host(), reference::Precision::kFloat64);
-  ASSERT_TRUE(oracle.forward_status.ok() && oracle.backward_status.ok());
-
-  // Views and strides come from the float32 runner's layout; pointers are swapped for 16 bits.
-  Result<float> shape_of = run(pr, Backend::kCpu, serial_host());
-  Tensor4<H> out = empty_like<H>(shape_of.out), dq = empty_like<H>(shape_of.dq);
-  Tensor4<H> dk = empty_like<H>(shape_of.dk), dv = empty_like<H>(shape_of.dv);
-  std::vector<float> lse(shape_of.lse.size());
-  AttentionBackwardParams bp;
-  bp.fwd = forward_params(pr, shape_of.out, lse);
-  bp.fwd.dtype = Traits<H>::kDType;
-  bp.fwd.q = q.data.data(), bp.fwd.k = k.data.data(), bp.fwd.v = v.data.data();
-  bp.fwd.out = out.data.data();
-  ASSERT_TRUE(attention_forward(bp.fwd, thread_host(2)).ok());
-  bp.dout = dout.data.data();
-  std::copy(dout.stride.begin(), dout.stride.end(), bp.dout_stride);
-  bp.dq = dq.data.data(), bp.dk = dk.data.data(), bp.dv = dv.data.data();
-  std::copy(dq.stride.begin(), dq.stride.end(), bp.dq_stride);
-  std::copy(dk.stride.begin(), dk.stride.end(), bp.dk_stride);
-  std::copy(dv.stride.begin(), dv.stride.end(), bp.dv_stride);
-  const Status s = attention_backward(bp, thread_host(2));
+  HalfRun<H> r(pr);
+  ASSERT_TRUE(r.oracle.forward_status.ok() && r.oracle.backward_status.ok());
+  ASSERT_TRUE(attention_forward(r.bp.fwd, thread_host(2)).ok());
+  const Status s = attention_backward(r.bp, thread_host(2));
   ASSERT_TRUE(s.ok()) << s.message();
+  const Tensor4<H>&out = r.out, &dq = r.dq, &dk = r.dk, &dv = r.dv;
+  const Result<double>& oracle = r.oracle;
+  const std::vector<float>& lse = r.lse;
 
   const struct {
     const char* name;
@@ -205,6 +219,55 @@ TEST_P(HalfPrecision, MasksCausalAndFullyMaskedRows) {
       }
     }
   });
+}
+
+template <typename H>
+double rms_error(const Tensor4<H>& ours, const Tensor4<double>& oracle) {
+  double sum = 0.0;
+  oracle.for_each([&](auto b, auto h, auto i, auto j) {
+    const double e = cpu::widen(ours.at(b, h, i, j)) - oracle.at(b, h, i, j);
+    sum += e * e;
+  });
+  return std::sqrt(sum / static_cast<double>(oracle.numel()));
+}
+
+// out_accum: the forward writes the float output whose rounding is `out`, and the backward's
+// D = rowsum(dO * O) read from it keeps dQ closer to float64 than D from the rounded output.
+// Non-negative inputs: each row of dP shares a large common part that D must cancel.
+template <typename H>
+void expect_out_accum_sharpens_dq(Problem<float> pr) {
+  for (Tensor4<float>* t : {&pr.q, &pr.k, &pr.v, &pr.dout}) {
+    for (float& x : t->data) x = std::abs(x);
+  }
+  HalfRun<H> r(pr);
+  ASSERT_TRUE(r.oracle.backward_status.ok());
+  Tensor4<float> out_accum = empty_like<float>(r.oracle.out.template cast<float>());
+  r.bp.fwd.out_accum = out_accum.data.data();
+  std::copy(out_accum.stride.begin(), out_accum.stride.end(), r.bp.fwd.out_accum_stride);
+  ASSERT_TRUE(attention_forward(r.bp.fwd, thread_host(2)).ok());
+  out_accum.for_each([&](auto b, auto h, auto i, auto j) {
+    ASSERT_EQ(cpu::widen(Traits<H>::narrow(out_accum.at(b, h, i, j))),
+              cpu::widen(r.out.at(b, h, i, j)));
+  });
+  ASSERT_TRUE(attention_backward(r.bp, thread_host(2)).ok());
+  const double from_accum = rms_error(r.dq, r.oracle.dq);
+  r.bp.fwd.out_accum = nullptr;
+  ASSERT_TRUE(attention_backward(r.bp, thread_host(2)).ok());
+  const double from_rounded = rms_error(r.dq, r.oracle.dq);
+  EXPECT_LT(from_accum, 0.5 * from_rounded);
+  // Without out the backward reads O from out_accum alone.
+  r.bp.fwd.out_accum = out_accum.data.data();
+  r.bp.fwd.out = nullptr;
+  ASSERT_TRUE(attention_backward(r.bp, thread_host(2)).ok());
+  EXPECT_EQ(rms_error(r.dq, r.oracle.dq), from_accum);
+}
+
+TEST_P(HalfPrecision, OutAccumKeepsDqCloser) {
+  const auto pr = make_problem<float>(1, 2, 120, 150, 16, 32, Layout::kContiguous, 990,
+                                      MaskKind::kBool, {false, false, false, false},
+                                      /*causal=*/false, /*fully_masked_rows=*/true);
+  expect_out_accum_sharpens_dq<Float16>(pr);
+  ForEachBf16Products([&] { expect_out_accum_sharpens_dq<BFloat16>(pr); });
 }
 
 TEST(HalfPrecisionConversions, RoundToNearestEvenAndKeepNaN) {

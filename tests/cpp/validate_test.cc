@@ -71,6 +71,30 @@ TEST(Validate, BackwardNeedsLseAndGradients) {
   EXPECT_EQ(attention_backward(bp, serial_host()).code(), StatusCode::kInvalidArgument);
 }
 
+TEST(Validate, OutAccumIsFor16BitDtypesAndStandsInForOutInTheBackward) {
+  auto pr = make_problem<float>(1, 1, 4, 4, 2, 2, Layout::kContiguous, 1);
+  auto out = make_tensor<float>({1, 1, 4, 2}, Layout::kContiguous);
+  std::vector<float> lse(4);
+  AttentionParams p = good_params(pr, out, lse);
+  p.out_accum = out.data.data();
+  const Status s = validate(p);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("out_accum"), std::string::npos) << s.message();
+  p.dtype = DType::kBFloat16;
+  EXPECT_TRUE(validate(p).ok());
+  p.out = nullptr;  // the forward writes out, whatever else it writes
+  EXPECT_NE(validate(p).message().find("out"), std::string::npos);
+
+  AttentionBackwardParams bp;
+  bp.fwd = good_params(pr, out, lse);
+  bp.fwd.dtype = DType::kBFloat16;
+  bp.dout = bp.dq = bp.dk = bp.dv = out.data.data();
+  bp.fwd.out = nullptr;
+  EXPECT_NE(validate(bp).message().find("out (or out_accum)"), std::string::npos);
+  bp.fwd.out_accum = out.data.data();
+  EXPECT_TRUE(validate(bp).ok());
+}
+
 TEST(Validate, EmptyTensorsNeedNoPointers) {
   AttentionParams p;
   p.batch = 0, p.heads = 3, p.len_q = 5, p.len_k = 5, p.dim_qk = 4, p.dim_v = 4;

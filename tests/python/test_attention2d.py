@@ -323,8 +323,8 @@ def test_window_kernel_float32_and_agrees_with_the_tiled_kernel(pattern, hw):
     q, k, v, g = (torch.randn(2, 3, 20, hw[0] * hw[1]).transpose(2, 3) for _ in range(4))
     layout = list(_layout.build(pattern, hw, hw, 3))
     offsets = _layout.window_offsets(pattern, hw, hw)
-    out_w, lse_w = torch.ops.attn2d.attention2d_window_forward(q, k, v, offsets, *hw, 0.3)
-    out_t, lse_t = torch.ops.attn2d.attention2d_forward(q, k, v, layout, _layout.BLOCK_Q, 0.3)
+    out_w, lse_w, _ = torch.ops.attn2d.attention2d_window_forward(q, k, v, offsets, *hw, 0.3)
+    out_t, lse_t, _ = torch.ops.attn2d.attention2d_forward(q, k, v, layout, _layout.BLOCK_Q, 0.3)
     assert max_err(out_w, out_t) < 1e-5 and max_err(lse_w, lse_t) < 1e-5
     grads_w = torch.ops.attn2d.attention2d_window_backward(g, q, k, v, out_w, lse_w, offsets, *hw,
                                                            0.3)
@@ -345,7 +345,7 @@ def test_window_kernel_gradcheck_and_opcheck():
     q4, k4, v4 = (t.detach().flatten(2, 3) for t in (q, k, v))
     args = (q4, k4, v4, offsets, 5, 6, 0.5)
     torch.library.opcheck(torch.ops.attn2d.attention2d_window_forward.default, args)
-    out, lse = torch.ops.attn2d.attention2d_window_forward(*args)
+    out, lse, _ = torch.ops.attn2d.attention2d_window_forward(*args)
     bwd_args = (torch.randn_like(out), q4, k4, v4, out, lse, offsets, 5, 6, 0.5)
     torch.library.opcheck(torch.ops.attn2d.attention2d_window_backward.default, bwd_args)
 
@@ -354,7 +354,7 @@ def test_raw_window_op_refuses_bad_offsets():
     pattern = Window(3)
     q, k, v = (torch.randn(1, 1, 36, 4) for _ in range(3))
     good = _layout.window_offsets(pattern, (6, 6), (6, 6))
-    out, lse = torch.ops.attn2d.attention2d_window_forward(q, k, v, good, 6, 6, 0.5)
+    out, lse, _ = torch.ops.attn2d.attention2d_window_forward(q, k, v, good, 6, 6, 0.5)
     for bad, match in [(good.long(), "int32"), (good.t().contiguous(), r"\(2, count\)"),
                        (torch.tensor([[0, 0], [1, 1]], dtype=torch.int32), "distinct"),
                        (torch.tensor([[6], [0]], dtype=torch.int32), "smaller than the map")]:

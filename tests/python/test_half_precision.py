@@ -114,7 +114,7 @@ def test_patterns_in_16_bit(dtype, pattern, hw, storage):
 
 def test_lse_is_float32_and_opcheck_passes():
     q, k, v = (torch.randn(1, 2, 9, 8).bfloat16() for _ in range(3))
-    out, lse = torch.ops.attn2d.attention_forward(q, k, v, None, False, 0.3)
+    out, lse, _ = torch.ops.attn2d.attention_forward(q, k, v, None, False, 0.3)
     assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
     torch.library.opcheck(torch.ops.attn2d.attention_forward, (q, k, v, None, False, 0.3))
     g = torch.randn_like(out)

@@ -43,7 +43,7 @@ def test_opcheck(with_mask):
     torch.library.opcheck(
         torch.ops.attn2d.attention_forward.default, (q, k, v, mask, False, 0.3)
     )
-    out, lse = torch.ops.attn2d.attention_forward(q, k, v, mask, False, 0.3)
+    out, lse, _ = torch.ops.attn2d.attention_forward(q, k, v, mask, False, 0.3)
     grad = torch.randn_like(out)
     torch.library.opcheck(
         torch.ops.attn2d.attention_backward.default,
@@ -254,7 +254,7 @@ def test_mask_that_requires_grad_is_refused():
 
 def test_backward_op_checks_shapes():
     q, k, v = _inputs(dtype=torch.float32)
-    out, lse = torch.ops.attn2d.attention_forward(q, k, v, None, False, 0.5)
+    out, lse, _ = torch.ops.attn2d.attention_forward(q, k, v, None, False, 0.5)
     with pytest.raises(ValueError, match="grad_out"):
         torch.ops.attn2d.attention_backward(out[:, :, :3], q, k, v, out, lse, None, False, 0.5)
     with pytest.raises(ValueError, match="lse"):

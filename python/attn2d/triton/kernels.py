@@ -157,15 +157,17 @@ def _head(ptr, b, h, stride_b, stride_h):
 
 @triton.jit
 def attention_forward_kernel(
-    Q, K, V, O, LSE, MASK,
+    Q, K, V, O, LSE, MASK, OA,
     sqb, sqh, sql, sqe, skb, skh, skl, ske, svb, svh, svl, sve, sob, soh, sol, soe,
-    smb, smh, smq, smk,
+    smb, smh, smq, smk, sab, sah, sal, sae,
     H, Lq, Lk, E, Ev, qk_scale,
     head_layout, q_begin, q_tiles, k_tiles, visit_begin, visit_tile, visit_mask, masks,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr,
     BLOCK_EV: tl.constexpr, HAS_LAYOUT: tl.constexpr, MASK_KIND: tl.constexpr,
-    IS_CAUSAL: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, STORE_ACCUM: tl.constexpr,
 ):
+    """O (and LSE) of one query tile; with STORE_ACCUM, also OA: O in the accumulation dtype
+    before its rounding to O's, from which the backward's D keeps dQ to one rounding."""
     bh = tl.program_id(0)
     pid_m = tl.program_id(1)
     b = bh // H
@@ -201,6 +203,8 @@ def attention_forward_kernel(
         empty = l_i == 0.0
         out = acc / tl.where(empty, 1.0, l_i)[:, None]
         _store_rows(_head(O, b, h, sob, soh), out, rows, valid, ev, Ev, sol, soe)
+        if STORE_ACCUM:
+            _store_rows(_head(OA, b, h, sab, sah), out, rows, valid, ev, Ev, sal, sae)
         lse2 = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
         tl.store(LSE + bh.to(tl.int64) * Lq + rows, lse2, mask=valid)
 

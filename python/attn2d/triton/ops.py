@@ -76,15 +76,22 @@ def _tile_programs(programs: list, axis: int, dense_rows: int, block: int) -> in
 @triton_op("attn2d::triton_attention_forward", mutates_args=())
 def triton_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                              attn_mask: Optional[torch.Tensor], is_causal: bool, scale: float,
-                             layout: list[torch.Tensor], programs: list[int]
-                             ) -> tuple[torch.Tensor, torch.Tensor]:
+                             layout: list[torch.Tensor], programs: list[int],
+                             keep_out_accum: bool
+                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """out, lse and out_accum: the output in float32 before its rounding where keep_out_accum
+    asks for it and q is 16-bit (the backward computes D from it), else an empty tensor.
+    keep_out_accum has no default: the dispatcher drops arguments equal to their defaults, and
+    the backward's gradients must match the arguments passed."""
     B, H, Lq, E = q.shape
     Lk, Ev = k.shape[2], v.shape[3]
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     out = q.new_empty((B, H, Lq, Ev))
     lse = q.new_empty((B, H, Lq), dtype=acc)
+    store_accum = keep_out_accum and q.dtype in (torch.bfloat16, torch.float16)
+    out_accum = q.new_empty((B, H, Lq, Ev) if store_accum else (0,), dtype=acc)
     if B * H * Lq == 0:
-        return out, lse
+        return out, lse, out_accum
     mask, mask_kind, ms = _mask_args(attn_mask, q, Lk)
     head_layout, q_begin, _, q_tiles, k_tiles, visit_begin, visit_tile, visit_mask = (
         _layout_args(layout, q)[:8])
@@ -92,12 +99,15 @@ def triton_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     block_n = LAYOUT_BLOCK if layout else _dense_block_n(max(E, Ev))
     grid = (B * H, _tile_programs(programs, 0, Lq, LAYOUT_BLOCK))
     wrap_triton(kernels.attention_forward_kernel)[grid](
-        q, k, v, out, lse, mask, *q.stride(), *k.stride(), *v.stride(), *out.stride(), *ms,
+        q, k, v, out, lse, mask, out_accum if store_accum else out,
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(), *ms,
+        *(out_accum.stride() if store_accum else out.stride()),
         H, Lq, Lk, E, Ev, scale * kernels.LOG2E,
         head_layout, q_begin, q_tiles, k_tiles, visit_begin, visit_tile, visit_mask, masks,
         BLOCK_M=LAYOUT_BLOCK, BLOCK_N=block_n, BLOCK_E=_padded(E), BLOCK_EV=_padded(Ev),
-        HAS_LAYOUT=bool(layout), MASK_KIND=mask_kind, IS_CAUSAL=is_causal)
-    return out, lse
+        HAS_LAYOUT=bool(layout), MASK_KIND=mask_kind, IS_CAUSAL=is_causal,
+        STORE_ACCUM=store_accum)
+    return out, lse, out_accum
 
 
 @triton_op("attn2d::triton_attention_backward", mutates_args=())
@@ -143,17 +153,19 @@ def triton_attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, attn_mask, is_causal, scale, layout, programs = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, attn_mask, *layout)
+    q, k, v, attn_mask, is_causal, scale, layout, programs = inputs[:8]
+    out, lse, out_accum = output
+    # The backward's D reads the float32 output where the forward kept it.
+    o = out_accum if out_accum.dim() == 4 else out
+    ctx.save_for_backward(q, k, v, o, lse, attn_mask, *layout)
     ctx.is_causal, ctx.scale, ctx.programs = is_causal, scale, programs
 
 
-def _backward(ctx, grad_out, grad_lse):
+def _backward(ctx, grad_out, grad_lse, grad_out_accum):
     q, k, v, out, lse, attn_mask, *layout = ctx.saved_tensors
     dq, dk, dv = torch.ops.attn2d.triton_attention_backward(
         grad_out, q, k, v, out, lse, attn_mask, ctx.is_causal, ctx.scale, layout, ctx.programs)
-    return dq, dk, dv, None, None, None, [None] * len(layout), _no_grad(ctx.programs)
+    return dq, dk, dv, None, None, None, [None] * len(layout), _no_grad(ctx.programs), None
 
 
 def _no_grad(ints: list):

@@ -49,6 +49,7 @@ HWY_INLINE void FinishQueryTile(const AttentionParams& p, const ForwardPlan<T>& 
   const size_t L = hn::Lanes(d);
   const size_t Ev = static_cast<size_t>(p.dim_v), Evp = plan.dim_v_pad;
   IO* out = static_cast<IO*>(p.out) + offset4(p.out_stride, b, h, 0, 0);
+  T* out_accum = OutAccumAt<T>(p, b, h);
   T* lse = static_cast<T*>(p.lse);
   HWY_ALIGN T inv_l[HWY_MAX_BYTES / sizeof(T)];
   HWY_ALIGN T log_sum[HWY_MAX_BYTES / sizeof(T)];
@@ -66,6 +67,10 @@ HWY_INLINE void FinishQueryTile(const AttentionParams& p, const ForwardPlan<T>& 
       const size_t r = r0 + i;
       StoreTile(a.acc + r * Evp, Evp, Rows{nullptr, rows[r], 1}, Ev, inv_l[i], out,
                 p.out_stride[2], p.out_stride[3], /*stream=*/false);
+      if (out_accum != nullptr) {
+        StoreTile(a.acc + r * Evp, Evp, Rows{nullptr, rows[r], 1}, Ev, inv_l[i], out_accum,
+                  p.out_accum_stride[2], p.out_accum_stride[3], /*stream=*/false);
+      }
     }
     if (lse != nullptr) {
       T* lse_bh = lse + b * p.lse_stride[0] + h * p.lse_stride[1];

@@ -76,7 +76,7 @@ void DeltaTask(void* ctx, std::int64_t task, int thread) {
   const size_t Ev = static_cast<size_t>(p.dim_v), Evp = plan.dim_v_pad;
   const auto a = plan.thread_arrays(thread);
   // dO rows: row-major rows of the compute type are read where they lie, others packed into
-  // a.dout. O rows of the compute type are read in place too (DotRow walks a strided row with
+  // a.dout. O rows of the compute type (out_accum's among them) are read in place too (DotRow walks a strided row with
   // a contiguous one's arithmetic, so every layout gives the same bits); 16-bit ones are widened
   // a row at a time into a.dv_part (both arrays are free before the tiles run).
   const T* dout = a.dout;
@@ -91,11 +91,16 @@ void DeltaTask(void* ctx, std::int64_t task, int thread) {
     PackRows(static_cast<const IO*>(bp.dout) + offset4(bp.dout_stride, b, h, 0, 0), rows,
              bp.dout_stride[2], bp.dout_stride[3], Ev, T(1), a.dout, Evp, rows.count);
   }
-  const IO* out = static_cast<const IO*>(p.out) + offset4(p.out_stride, b, h, 0, 0);
+  const T* out_accum = OutAccumAt<T>(p, b, h);
+  const IO* out = out_accum != nullptr
+                      ? nullptr
+                      : static_cast<const IO*>(p.out) + offset4(p.out_stride, b, h, 0, 0);
   for (size_t r = 0; r < rows.count; ++r) {
     const T* x = dout + static_cast<std::int64_t>(r) * dout_ld;
     T delta;
-    if constexpr (std::is_same<IO, T>::value) {
+    if (out_accum != nullptr) {
+      delta = DotRow(x, out_accum + rows[r] * p.out_accum_stride[2], Ev, p.out_accum_stride[3]);
+    } else if constexpr (std::is_same<IO, T>::value) {
       delta = DotRow(x, out + rows[r] * p.out_stride[2], Ev, p.out_stride[3]);
     } else {
       PackRows(out, Rows{nullptr, rows[r], 1}, p.out_stride[2], p.out_stride[3], Ev, T(1),

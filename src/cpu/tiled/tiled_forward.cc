@@ -281,6 +281,7 @@ Status Forward(const AttentionParams& p, const Host& host, const KernelChoice& c
       sub.v = AtHead(static_cast<const IO*>(p.v), p.v_stride, b, h0);
       sub.out = AtHead(static_cast<IO*>(p.out), p.out_stride, b, h0);
       sub.lse = AtHead(static_cast<T*>(p.lse), p.lse_stride, b, h0);
+      sub.out_accum = AtHead(static_cast<T*>(p.out_accum), p.out_accum_stride, b, h0);
       StageRows<IO>(host, sub.heads, views, reinterpret_cast<IO*>(ws.data()));
       const Status s = ForwardOn<T, IO>(sub, host, choice);
       if (!s.ok()) return s;

@@ -135,8 +135,13 @@ HWY_INLINE void StreamGradQueries(const AttentionBackwardParams& bp, const Windo
   for (std::int64_t a = p0; a < p1; a += kDeltaChunk) {
     const std::int64_t a_end = std::min(p1, a + kDeltaChunk);
     const size_t n = static_cast<size_t>(a_end - a);
-    StreamPixels(g, head(p.out, p.out_stride), p.out_stride, a, a_end, Ev, ot,
-                 static_cast<size_t>(kDeltaChunk), a);
+    if (const T* out_accum = OutAccumAt<T>(p, b, h)) {
+      StreamPixels(g, out_accum, p.out_accum_stride, a, a_end, Ev, ot,
+                   static_cast<size_t>(kDeltaChunk), a);
+    } else {
+      StreamPixels(g, head(p.out, p.out_stride), p.out_stride, a, a_end, Ev, ot,
+                   static_cast<size_t>(kDeltaChunk), a);
+    }
     RowsumOfProducts(s.dot + (a - s.origin), s.ld, ot, static_cast<size_t>(kDeltaChunk), Ev, n,
                      s.delta + (a - s.origin));
   }

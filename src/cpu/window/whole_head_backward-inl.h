@@ -68,8 +68,15 @@ void BackwardPackTask(void* ctx, std::int64_t task, int thread) {
   T* ot = plan.scratch + static_cast<size_t>(thread) * plan.scratch_elems;
   const size_t n = static_cast<size_t>(count);
   if (Ev > 0) {
-    PackTransposed(head(p.out, p.out_stride) + n0 * p.out_stride[2], Rows{nullptr, 0, n},
-                   p.out_stride[2], p.out_stride[3], Ev, ot, static_cast<size_t>(kPackChunk), n);
+    if (const T* out_accum = OutAccumAt<T>(p, b, h)) {
+      PackTransposed(out_accum + n0 * p.out_accum_stride[2], Rows{nullptr, 0, n},
+                     p.out_accum_stride[2], p.out_accum_stride[3], Ev, ot,
+                     static_cast<size_t>(kPackChunk), n);
+    } else {
+      PackTransposed(head(p.out, p.out_stride) + n0 * p.out_stride[2], Rows{nullptr, 0, n},
+                     p.out_stride[2], p.out_stride[3], Ev, ot, static_cast<size_t>(kPackChunk),
+                     n);
+    }
   }
   const size_t c0 = static_cast<size_t>(g.margin + n0);
   RowsumOfProducts(plan.dot(slot) + c0, ld, ot, static_cast<size_t>(kPackChunk), Ev, n,

@@ -118,6 +118,7 @@ void QueryTask(void* ctx, std::int64_t task, int thread) {
   T* lanes_j = carve.take(L);                // (L,) and column
   T* inv_l = carve.take(L);                  // (L,) 1 / softmax sum, 0 for an empty row
   IO* out = static_cast<IO*>(p.out) + offset4(p.out_stride, b, h, 0, 0);
+  T* out_accum = OutAccumAt<T>(p, b, h);
   // A strip of vectors one above the other (a step of `per_row` vectors is the next pixel row,
   // exactly when the width is a multiple of L): the next vector's keys are 14 of the 15 rows of
   // keys a 15-row window just read, where in raster order they are one vector further along
@@ -150,7 +151,15 @@ void QueryTask(void* ctx, std::int64_t task, int thread) {
         hn::Store(hn::IfThenZeroElse(empty, hn::Div(hn::Set(d, T(1)), sum)), d, inv_l);
         if (p.lse != nullptr) StoreLse(d, p, b, h, q0, lanes, vmax, sum);
       }
-      StoreLanes(d, acc, std::min(Ev, ev0 + 4 * quads) - ev0, lanes, inv_l,
+      const size_t rows = std::min(Ev, ev0 + 4 * quads) - ev0;
+      const T* scale = inv_l;
+      if (out_accum != nullptr) {  // StoreLanes scales acc in place: once
+        StoreLanes(d, acc, rows, lanes, scale,
+                   out_accum + static_cast<std::int64_t>(ev0) * p.out_accum_stride[3], q0,
+                   p.out_accum_stride[2], p.out_accum_stride[3], /*stream=*/false);
+        scale = nullptr;
+      }
+      StoreLanes(d, acc, rows, lanes, scale,
                  out + static_cast<std::int64_t>(ev0) * p.out_stride[3], q0, p.out_stride[2],
                  p.out_stride[3], /*stream=*/false);
     }
@@ -188,6 +197,7 @@ void StreamBandTask(void* ctx, std::int64_t task, int thread) {
   T* lanes_j = carve.take(L);                // (L,) and columns
   T* inv_l = carve.take(R * L);              // (R, L) 1 / softmax sum, 0 for an empty row
   IO* out = static_cast<IO*>(p.out) + offset4(p.out_stride, b, h, 0, 0);
+  T* out_accum = OutAccumAt<T>(p, b, h);
   const std::int64_t strips = g.block_stride / g.lanes;
   for (std::int64_t c = 0; c < strips; ++c) {
     const BlockWalk walk(g, 0, c, a0, plan.blocks_per_band, bh, p.heads);
@@ -214,7 +224,14 @@ void StreamBandTask(void* ctx, std::int64_t task, int thread) {
       for (size_t k = 0; k < R; ++k) {
         const std::int64_t q0 = walk.position(v0, k);
         if (q0 >= g.positions()) break;
-        StoreLanes(d, acc + k * plan.ev_pad * L, Ev, g.valid_lanes(q0), inv_l + k * L, out,
+        const T* scale = inv_l + k * L;
+        if (out_accum != nullptr) {  // StoreLanes scales acc in place: once
+          StoreLanes(d, acc + k * plan.ev_pad * L, Ev, g.valid_lanes(q0), scale, out_accum,
+                     g.tensor_position(q0), p.out_accum_stride[2], p.out_accum_stride[3],
+                     /*stream=*/false);
+          scale = nullptr;
+        }
+        StoreLanes(d, acc + k * plan.ev_pad * L, Ev, g.valid_lanes(q0), scale, out,
                    g.tensor_position(q0), p.out_stride[2], p.out_stride[3], /*stream=*/false);
       }
     }
