@@ -24,4 +24,7 @@ fi
 .venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" \
   || { echo "setup: torch 2.13.0 is not installed in .venv" >&2; exit 1; }
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation -e '.[tools,test]'
+# timm for tests/python/test_timm.py, without its dependencies: timm requires torchvision, and
+# pip would replace the CPU torch with a CUDA build to satisfy it.
+.venv/bin/python -m pip install -q --disable-pip-version-check --no-deps timm==1.0.31
 .venv/bin/python -c "import attn2d; print('setup: attn2d', attn2d.__version__, 'on', attn2d.cpu_simd_target())"
