@@ -10,10 +10,11 @@ kernels, in one run, on one device.
 - Memory of the SAGAN block (attn2d.nn.SelfAttention2d) forward + backward: the growth of
   torch.cuda.max_memory_allocated over the inputs, against attn2d.planner's prediction.
 
-Timing: a rep runs every implementation of a case in turn (rep 1 of each, then rep 2, ...), each
-as CALLS_PER_REP back-to-back calls between CUDA events, so the GPU's speed of the moment is
-shared within a rep; reps go on past `reps` until `paired_seconds` have passed. A ratio is the
-median over reps of the peer's time over attn2d's in the same rep (bench.paired_speedup).
+Timing: a rep runs every implementation of a case in turn (rep 1 of each, then rep 2, ...; the
+order reversed every other rep, bench.rep_order), each as CALLS_PER_REP back-to-back calls
+between CUDA events, so the GPU's speed of the moment is shared within a rep; reps go on past
+`reps` until `paired_seconds` have passed. A ratio is the median over reps of the peer's time
+over attn2d's in the same rep (bench.paired_speedup).
 Every table names the device its figures come from.
 
 run(device="cpu") runs the same method on CPU tensors (no memory cases): a check of the harness
@@ -165,8 +166,9 @@ class _Clock:
 def time_interleaved(fns: list[Callable[..., torch.Tensor]], inputs: list[list[torch.Tensor]],
                      reps: int, *, backward: bool, min_seconds: float = 0.0,
                      calls: int = CALLS_PER_REP) -> list[dict]:
-    """Times each fns[i](*inputs[i]) rep by rep, in turn: per rep and function, `calls`
-    back-to-back calls (forward, then backward when `backward`), their mean per call kept in
+    """Times each fns[i](*inputs[i]) rep by rep, in turn (in bench.rep_order: the order
+    reversed every other rep, so that no function always runs first): per rep and function,
+    `calls` back-to-back calls (forward, then backward when `backward`), their mean per call kept in
     forward_runs_s (and backward_runs_s, fwd_bwd_runs_s), medians in forward_s (backward_s,
     fwd_bwd_s). Reps go on past `reps` until `min_seconds` have passed. Leaves' .grad is cleared
     before each call, as optimizer.zero_grad() does, so no call sums into the last one's."""
@@ -190,8 +192,10 @@ def time_interleaved(fns: list[Callable[..., torch.Tensor]], inputs: list[list[t
     start, rep = time.perf_counter(), 0
     with torch.set_grad_enabled(backward):
         while rep < reps or time.perf_counter() - start < min_seconds:
+            order = bench.rep_order(len(fns), rep)
             rep += 1
-            for i, fn in enumerate(fns):
+            for i in order:
+                fn = fns[i]
                 for ls in leaves:
                     for t in ls:
                         t.grad = None
@@ -525,7 +529,8 @@ def markdown(report: dict) -> str:
         "# attn2d bench --device cuda",
         "",
         f"Device: {report['device_description']}. A rep runs every implementation of a case in "
-        f"turn, {report['calls_per_rep']} back-to-back calls each, timed with "
+        "turn, the order reversed every other rep, "
+        f"{report['calls_per_rep']} back-to-back calls each, timed with "
         f"{'CUDA events' if report['device_type'] == 'cuda' else 'perf_counter'}; reps go on "
         f"for at least {report['paired_seconds']:g} s a case and {report['reps']} reps. Times "
         "are medians per call; 'peer / attn2d' is the median over reps of the peer's time over "

@@ -7,8 +7,9 @@ The step: a SAGAN attention block (attn2d.nn.SelfAttention2d, q/k at C/8, v at C
 R1 penalty |dD/dx|^2 from autograd.grad(..., create_graph=True); the penalty's backward to the
 weights and the input. Both implementations run the same module and weights: the peer is the
 block under attn2d.use_backend("sdpa") with SDPA's math kernel. Times are interleaved rep by rep
-in one process (attn2d.bench.time_training_steps) and reported as medians and the median of
-per-rep ratios; peak memory is the resident set's growth over one step in a fresh process per
+in one process, the order reversed every other rep (attn2d.bench.time_training_steps), and
+reported as each side's median and the median of per-rep ratios, with both sides' per-rep times
+(runs_s); peak memory is the resident set's growth over one step in a fresh process per
 implementation (attn2d._probe)."""
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ import torch
 from .memory import format_bytes, measure
 
 IMPLS = ("attn2d", "math")
+# What the ratio of bench_double_backward.json is, written into it for its readers.
+RATIOS = ("speedup_median_of_ratios: the median over reps of math's step time over attn2d's in "
+          "the same rep, the two interleaved in alternating order; median_s: each side's median "
+          "of its own runs_s")
 
 
 def _context(impl: str):
@@ -102,7 +107,8 @@ def run_case(channels: int, res: int, reps: int, with_memory: bool = True) -> di
     row = {"channels": channels, "res": res, "queries": res * res,
            "keys": (res // 2) * (res // 2), "reps": reps,
            "median_s": {"attn2d": attn2d_run["fwd_bwd_s"], "math": math_run["fwd_bwd_s"]},
-           "speedup_median_of_ratios": paired_speedup(math_run, attn2d_run, "fwd_bwd")}
+           "speedup_median_of_ratios": paired_speedup(math_run, attn2d_run, "fwd_bwd"),
+           "runs_s": {"attn2d": attn2d_run["fwd_bwd_runs_s"], "math": math_run["fwd_bwd_runs_s"]}}
     if with_memory:
         row["peak_bytes"] = {
             impl: measure({"r1": True, "impl": impl, "channels": channels, "res": res},
@@ -141,8 +147,8 @@ def write(out_dir: str, rows: list[dict]) -> str:
     os.makedirs(out_dir, exist_ok=True)
     text = markdown(rows, machine_name())
     with open(os.path.join(out_dir, "bench_double_backward.json"), "w") as f:
-        json.dump({"machine": machine_name(), "torch": torch.__version__, "rows": rows}, f,
-                  indent=2)
+        json.dump({"machine": machine_name(), "torch": torch.__version__, "ratios": RATIOS,
+                   "rows": rows}, f, indent=2)
     with open(os.path.join(out_dir, "bench_double_backward.md"), "w") as f:
         f.write(text)
     return text
@@ -151,7 +157,9 @@ def write(out_dir: str, rows: list[dict]) -> str:
 def markdown(rows: list[dict], machine: str) -> str:
     lines = [f"R1 step (forward, grad with create_graph, penalty backward) through "
              f"SelfAttention2d, on {machine}, torch {torch.__version__}, "
-             f"{torch.get_num_threads()} threads.", "",
+             f"{torch.get_num_threads()} threads. attn2d and math interleaved rep by rep, the "
+             "order reversed every other rep; medians of each side's own steps; the speed-up is "
+             "the median over reps of math's time over attn2d's in the same rep.", "",
              "| map | queries x keys | attn2d median | math median | speed-up (median of "
              "per-rep ratios) | attn2d peak | math peak |", "|---|---|---|---|---|---|---|"]
     for r in rows:

@@ -6,7 +6,11 @@ CPU forward with the same mask (it has no CPU backward).
 Per-pair time is a run's time over the (query, key) pairs it must cover: allowed pairs for the
 patterns, N x M for global attention; 'visited' counts the pairs attn2d computes in the forward
 and again in the backward: every offset of every query on the window kernels (clip windows on
-one grid), every pair of each visited tile pair otherwise."""
+one grid), every pair of each visited tile pair otherwise.
+
+Every ratio is the median over reps of the two times of one rep (bench.paired_speedup): the
+pattern against the global kernel in each case's fixed rounds, each peer against attn2d's
+pattern step in a pair of its own whose order alternates (RATIOS)."""
 
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ from typing import Callable, Optional
 import torch
 
 from . import _layout
-from .bench import paired_speedup, time_training_step, time_training_steps
+from .bench import _check_run_args, paired_runs, paired_speedup, time_training_steps
 from .memory import available_memory_bytes, format_bytes, measure
 from .peers import DENSE_MASKED, FLEX_MASKED, dense_masked_math
 from . import patterns as P
@@ -51,6 +55,13 @@ STEADY_STEPS = 7
 # later one on two AMD EPYC Zen 4 cores). 40 s gives a 128x128 case tens of reps, a phase a
 # minority of them, and leaves the 256x256 cases, whose reps are long, at --reps.
 PAIRED_SECONDS = 40.0
+# What every ratio of bench_patterns.json is, written into it for its readers.
+RATIOS = ("summary's per_pair_ratio_*: the median over reps of the pattern's time over the "
+          "global step's in the same rep (a fixed order: the global step, then the pattern's), "
+          "scaled by global pairs / allowed pairs; flex_over_attn2d_fwd, dense_over_attn2d_*: "
+          "the median over reps of the peer's time over attn2d's pattern step in the same rep, "
+          "the two interleaved in alternating order, attn2d's runs in the peer's "
+          "attn2d_*_runs_s")
 
 
 @dataclass(frozen=True)
@@ -96,21 +107,16 @@ def dense_masked_skip_reason(scores: int, available: Optional[int] = None) -> Op
             f"{DENSE_MEMORY_SHARE:.0%} of the {have} of memory available")
 
 
-def _time_dense_masked(case: PatternCase, inputs: list[torch.Tensor], reps: int) -> dict:
-    """time_training_step of the dense-masked peer; its mask (a byte a score) is freed on return,
-    before the memory probes run."""
+def _pair_dense_masked(case: PatternCase, ours: Callable, inputs: list[torch.Tensor],
+                       flat_inputs: list[torch.Tensor], reps: int) -> tuple[dict, dict]:
+    """(attn2d's runs, the dense-masked peer's runs): time_training_steps of `ours` on `inputs`
+    and the peer on `flat_inputs`, interleaved rep by rep in alternating order; the peer's mask
+    (a byte a score) is freed on return, before the memory probes run."""
     mask = case.pattern.dense_mask(case.q_hw, case.kv_hw, case.heads)
-    return time_training_step(lambda a, b, c: dense_masked_math(a, b, c, mask), inputs, reps)
-
-
-def _median(fn: Callable[[], object], reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    ours_runs, peer_runs = time_training_steps(
+        [ours, lambda a, b, c: dense_masked_math(a, b, c, mask)], [], reps,
+        per_fn_inputs=[inputs, flat_inputs])
+    return ours_runs, peer_runs
 
 
 def _mask_mod(case: PatternCase, device="cpu"):
@@ -191,6 +197,10 @@ def run_case(case: PatternCase, reps: int, with_memory: bool, with_flex: bool,
              log: Callable[[str], None], paired_seconds: float = PAIRED_SECONDS) -> dict:
     import attn2d
 
+    _check_run_args(reps, paired_seconds)
+    if not isinstance(case, PatternCase):
+        raise TypeError(f"attn2d bench --patterns: case must be a PatternCase; got "
+                        f"{type(case).__name__}")
     gen = torch.Generator().manual_seed(0)
     B, H = 1, case.heads
     q = torch.randn(B, H, *case.q_hw, case.E, generator=gen)
@@ -214,16 +224,25 @@ def run_case(case: PatternCase, reps: int, with_memory: bool, with_flex: bool,
     log(f"    attn2d {case.pattern!r} (layout built in {build_s:.1f} s) and attn2d global, "
         "interleaved ...")
     pattern_fn = lambda a, b, c: attn2d.attention2d(a, b, c, pattern=case.pattern)  # noqa: E731
+    # The order is fixed, not alternated: the step right after the global one is what
+    # "attn2d-pattern" measures.
     runs = time_training_steps(
         [lambda a, b, c: attn2d.attention2d(a, b, c)] + [pattern_fn] * (STEADY_STEPS + 1),
-        [q, k, v], reps, min_seconds=paired_seconds)
+        [q, k, v], reps, min_seconds=paired_seconds, order="fixed")
     results["attn2d-pattern"], results["attn2d-global"] = runs[1], runs[0]
     results["attn2d-pattern-steady"] = runs[-1]
+    # Each peer interleaved rep by rep with the pattern's attn2d step, in alternating order: its
+    # ratio is the median of per-rep ratios (a ratio of medians timed minutes apart would carry
+    # the machine's drift), and attn2d's runs of the pair go into the peer's row
+    # (attn2d_*_runs_s). attn2d's step there follows the peer's or its own, where
+    # "attn2d-pattern" follows a global step: both after other work, as the first column is.
     q4, k4, v4 = q.flatten(2, 3), k.flatten(2, 3), v.flatten(2, 3)
     dense_skip = dense_masked_skip_reason(B * H * n * m)
+    dense_ours = flex_ours = None
     if dense_skip is None:
-        log("    dense-masked SDPA math ...")
-        results["dense-masked-math"] = _time_dense_masked(case, [q4, k4, v4], reps)
+        log("    dense-masked SDPA math, interleaved with attn2d ...")
+        dense_ours, dense = _pair_dense_masked(case, pattern_fn, [q, k, v], [q4, k4, v4], reps)
+        results["dense-masked-math"] = {**dense, **paired_runs(dense_ours)}
     else:
         results["dense-masked-math"] = {"skipped": dense_skip}
     if with_flex and H * n * m > FLEX_LIMIT * 1.01:
@@ -231,14 +250,18 @@ def run_case(case: PatternCase, reps: int, with_memory: bool, with_flex: bool,
             "skipped": f"Flex's mask evaluation takes {H * n * m / 2**30:.1f} G elements at once, "
                        f"over the {FLEX_LIMIT / 2**30:.0f} G limit"}
     elif with_flex:
-        log("    FlexAttention forward (compiling) ...")
+        log("    FlexAttention forward (compiling), interleaved with attn2d's forward ...")
         try:
             flex = flex_forward(case, q4, k4, v4)
             if flex is None:
                 results["flex-forward"] = {"skipped": "FlexAttention is unavailable in this "
                                                       "torch"}
             else:
-                results["flex-forward"] = {"forward_s": _median(flex, reps)}
+                # Forwards only (Flex has no CPU backward); attn2d's records for autograd, as
+                # the pattern rows' forwards do. Flex compiles in the warm-up.
+                flex_ours, flex_runs = time_training_steps(
+                    [pattern_fn, lambda *t: flex()], [q, k, v], reps, backward=False)
+                results["flex-forward"] = {**flex_runs, **paired_runs(flex_ours)}
         except Exception as err:  # noqa: BLE001 -- torch.compile fails in many ways; report it
             lines = [x for x in str(err).splitlines() if "error" in x.lower()] or [str(err)]
             results["flex-forward"] = {"skipped": "Flex failed: " + lines[0].strip()[:160]}
@@ -262,12 +285,13 @@ def run_case(case: PatternCase, reps: int, with_memory: bool, with_flex: bool,
                                             * pairs_over_allowed)
     summary["per_pair_ratio_bwd_steady"] = (paired_speedup(steady, glob, "backward")
                                             * pairs_over_allowed)
-    if "forward_s" in results.get("flex-forward", {}):
-        summary["flex_over_attn2d_fwd"] = results["flex-forward"]["forward_s"] / ours["forward_s"]
+    if flex_ours is not None:
+        summary["flex_over_attn2d_fwd"] = paired_speedup(results["flex-forward"], flex_ours,
+                                                         "forward")
     dense = results["dense-masked-math"]
-    if "forward_s" in dense:
-        summary["dense_over_attn2d_fwd"] = dense["forward_s"] / ours["forward_s"]
-        summary["dense_over_attn2d_bwd"] = dense["backward_s"] / ours["backward_s"]
+    if dense_ours is not None:
+        summary["dense_over_attn2d_fwd"] = paired_speedup(dense, dense_ours, "forward")
+        summary["dense_over_attn2d_bwd"] = paired_speedup(dense, dense_ours, "backward")
     if with_memory:
         # Each implementation that ran, in a process of its own (attn2d._probe); Flex's
         # forward only, compiled in its warm-up run. The dense mask, Flex's block mask and
@@ -346,7 +370,11 @@ def _markdown(report: dict) -> str:
                          f"{mem} | {1e9 * r['forward_s'] / pairs:.2f} |")
     lines += ["", "Per-pair time / global's, each the median over reps of one rep's pair: "
               "'after global' times the pattern's step right after the global one; 'steady' "
-              f"its {STEADY_STEPS + 1}th step in a row (attn2d-pattern-steady above). Page "
+              f"its {STEADY_STEPS + 1}th step in a row (attn2d-pattern-steady above). Flex's "
+              "and dense-masked's time / attn2d's: each peer interleaved rep by rep with "
+              "attn2d's pattern step (the order reversed every other rep), the median over reps "
+              "of the two times of one rep (both sides' runs in bench_patterns.json: the peer's "
+              "*_runs_s and attn2d's attn2d_*_runs_s). Page "
               "faults: medians a step, the process's (glibc may hand freed memory back after "
               "each call, and the next one faults its outputs in anew: docs/benchmarks.md)."]
     ramp = report.get("memory_ramp")
@@ -392,15 +420,12 @@ def run(out_dir: str = "attn2d-report", *, cases: Optional[list[PatternCase]] = 
 
     import attn2d
 
-    if reps < 1:
-        raise ValueError(f"attn2d bench: reps must be >= 1; got {reps}")
-    if not paired_seconds >= 0:
-        raise ValueError(f"attn2d bench: paired_seconds must be >= 0; got {paired_seconds}")
+    _check_run_args(reps, paired_seconds)
     cases = default_cases() if cases is None else cases
     report = {"machine": f"{platform.machine()}, attn2d on {attn2d.cpu_simd_target()}, "
                          f"torch {torch.__version__}",
               "threads": torch.get_num_threads(), "reps": reps,
-              "paired_seconds": paired_seconds, "cases": []}
+              "paired_seconds": paired_seconds, "ratios": RATIOS, "cases": []}
     log("memory probe: a copy right after a busy loop ...")
     report["memory_ramp"] = memory_ramp()
     for i, case in enumerate(cases, 1):

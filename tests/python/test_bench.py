@@ -3,9 +3,11 @@ rates against the measured FMA peak, and memory from subprocesses."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import mmap
 import os
+import statistics
 import time
 
 import pytest
@@ -45,13 +47,22 @@ def test_side_by_side_report(tmp_path):
     ours, peer = results["attn2d"], results["unfused"]
     for key in ("forward_s", "backward_s", "fwd_bwd_s", "forward_gflops", "peak_bytes"):
         assert ours[key] > 0 and peer[key] > 0
-    assert peer["attn2d_speedup_forward"] == pytest.approx(peer["forward_s"] / ours["forward_s"])
+    # Each peer's ratio against the attn2d runs interleaved with it, kept in its row.
+    assert len(peer["attn2d_forward_runs_s"]) == len(peer["forward_runs_s"]) == 2
+    assert peer["attn2d_speedup_forward"] == bench.paired_speedup(
+        peer, {"forward_runs_s": peer["attn2d_forward_runs_s"]}, "forward")
+    assert bf16["attn2d_speedup_backward"] == bench.paired_speedup(bf16, ours, "backward")
+    assert one["attn2d_speedup_fwd_bwd"] == bench.paired_speedup(
+        one, {"fwd_bwd_runs_s": one["attn2d_fwd_bwd_runs_s"]}, "fwd_bwd")
     assert "same last dimension" in results["sdpa-flash"]["refused"]  # Ev != E on the CPU
     with open(tmp_path / "bench.json") as f:
-        assert json.load(f)["cases"][0]["case"]["name"] == case.name
+        saved = json.load(f)
+    assert saved["cases"][0]["case"]["name"] == case.name
+    assert "median over reps" in saved["ratios"]
     md = (tmp_path / "bench.md").read_text()
     assert "| small E=8 Ev=16 | unfused |" in md and "refused" in md
     assert "bf16 speed" in md and "thread scaling" in md
+    assert "never a ratio of two medians" in md
     assert os.path.getsize(tmp_path / "bench.png") > 1000
 
 
@@ -79,8 +90,8 @@ def test_interleaved_training_steps_alternate_and_time_each():
 
     x = torch.randn(3, 4)
     results = bench.time_training_steps([tagged("a"), tagged("b")], [x], reps=3)
-    # One warm-up each, then rep 1 of a and b, rep 2 of a and b, ...
-    assert calls == ["a", "b"] + ["a", "b"] * 3
+    # One warm-up each, then rep 1 of a and b, rep 2 of b and a, rep 3 of a and b.
+    assert calls == ["a", "b"] + ["a", "b", "b", "a", "a", "b"]
     assert len(results) == 2
     for r in results:
         assert r["forward_s"] > 0 and r["backward_s"] > 0
@@ -205,6 +216,12 @@ def test_paired_speedup_is_the_median_of_per_rep_ratios():
     assert bench.paired_speedup(slow, fast, "backward") == 2.0
     with pytest.raises(ValueError, match="not paired"):
         bench.paired_speedup(slow, {"forward_runs_s": [1.0]}, "forward")
+    with pytest.raises(ValueError, match="key must be one of"):
+        bench.paired_speedup(slow, fast, "forward_s")
+    with pytest.raises(ValueError, match="need fwd_bwd_runs_s"):
+        bench.paired_speedup(slow, fast, "fwd_bwd")
+    with pytest.raises(ValueError, match="no runs"):
+        bench.paired_speedup({"forward_runs_s": []}, {"forward_runs_s": []}, "forward")
 
 
 def test_interleaved_training_steps_take_each_functions_own_inputs():
@@ -217,7 +234,7 @@ def test_interleaved_training_steps_take_each_functions_own_inputs():
     x = torch.randn(3, 4)
     bench.time_training_steps([record, record], [], reps=2,
                               per_fn_inputs=[[x], [x.bfloat16()]])
-    assert seen == [torch.float32, torch.bfloat16] * 3
+    assert seen == [torch.float32, torch.bfloat16] * 2 + [torch.bfloat16, torch.float32]
     with pytest.raises(ValueError, match="per_fn_inputs"):
         bench.time_training_steps([record, record], [], reps=1, per_fn_inputs=[[x]])
 
@@ -319,7 +336,9 @@ def test_pattern_bench_times_first_and_steady_steps_after_global(monkeypatch):
     out = bench_patterns.run_case(case, reps=2, with_memory=False, with_flex=False,
                                   log=lambda line: None, paired_seconds=0.0)
     one_rep = ["G"] + ["P"] * (bench_patterns.STEADY_STEPS + 1)
-    assert calls == one_rep * 3  # the warm-up round, then 2 reps
+    # The warm-up round, then 2 reps, in a fixed order; then the pattern's steps of its pair
+    # with the dense-masked peer (a warm-up and 2 reps).
+    assert calls == one_rep * 3 + ["P"] * 3
     r = out["results"]
     assert len(r["attn2d-pattern"]["forward_runs_s"]) == 2
     assert min(r["attn2d-pattern-steady"]["forward_runs_s"]) >= 0.05
@@ -391,7 +410,8 @@ def test_pattern_bench_measures_each_peers_memory(monkeypatch):
     # Flex stood in for by a plain forward (its compile is the probe test's below).
     monkeypatch.setattr(bp, "flex_forward", lambda case, q, k, v: (lambda: q * 1.0))
     case = bp.PatternCase("w", 1, (6, 6), (6, 6), 4, 4, Window(3))
-    out = bp.run_case(case, reps=1, with_memory=True, with_flex=True, log=lambda line: None)
+    out = bp.run_case(case, reps=1, with_memory=True, with_flex=True, log=lambda line: None,
+                      paired_seconds=0.0)
     impls = [s["impl"] for s in specs]
     assert impls == ["attn2d", "attn2d", "sdpa-math-masked", "flex-masked"], specs
     assert "pattern" in specs[0] and "pattern" not in specs[1]
@@ -406,7 +426,8 @@ def test_pattern_bench_measures_each_peers_memory(monkeypatch):
     # Too little memory for the dense peer: skipped with its reason, and not probed.
     specs.clear()
     monkeypatch.setattr(bp, "available_memory_bytes", lambda: 1)
-    out = bp.run_case(case, reps=1, with_memory=True, with_flex=False, log=lambda line: None)
+    out = bp.run_case(case, reps=1, with_memory=True, with_flex=False, log=lambda line: None,
+                      paired_seconds=0.0)
     assert "available" in out["results"]["dense-masked-math"]["skipped"]
     assert [s["impl"] for s in specs] == ["attn2d", "attn2d"]
 
@@ -450,8 +471,8 @@ def test_gpu_bench_interleaves_calls_rep_by_rep():
     x = torch.randn(4)
     out = bc.time_interleaved([tagged("a"), tagged("b")], [[x], [x]], reps=2, backward=True,
                               calls=3)
-    # One untimed call each, then per rep three calls of a, then three of b.
-    assert calls == ["a", "b"] + (["a"] * 3 + ["b"] * 3) * 2
+    # One untimed call each, then per rep three calls of each, the order reversed in rep 2.
+    assert calls == ["a", "b"] + ["a"] * 3 + ["b"] * 3 + ["b"] * 3 + ["a"] * 3
     for r in out:
         assert len(r["forward_runs_s"]) == 2 and len(r["backward_runs_s"]) == 2
         assert r["fwd_bwd_runs_s"] == [f + b for f, b in zip(r["forward_runs_s"],
@@ -637,3 +658,330 @@ def test_gpu_check_script_parses():
     text = script.read_text()
     assert "set -euo pipefail" in text and "bench --device cuda" in text
     assert "plan --validate --device cuda" in text and '-m "triton or gpu"' in text
+
+
+# ---------------------------------------------------------------------------------------------
+# Reported statistics, on a fake clock: workloads whose every forward and backward takes a
+# known time, so that each reported time must be the median of its recorded runs and each ratio
+# the median of per-rep ratios, which the schedules below make differ from the ratio of medians.
+
+UNIT = 2.0**-10  # dyadic, so that every difference of the fake clock's readings is exact
+
+
+class FakeClock:
+    """Seconds that pass only when a fake workload runs."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+class _Cost(torch.autograd.Function):
+    """Identity whose backward advances the clock by backward_s."""
+
+    @staticmethod
+    def forward(ctx, x, clock, backward_s):
+        ctx.clock, ctx.backward_s = clock, backward_s
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.clock.now += ctx.backward_s
+        return g, None, None
+
+
+def _workload(clock, log, tag, forward, backward=(1,), compute=lambda *t: t[0] * 1.0):
+    """fn(*inputs) whose i-th call (the warm-up's included) takes forward[i % len] units and
+    its backward backward[i % len]; every call appends `tag` to `log`."""
+    count = itertools.count()
+
+    def fn(*t):
+        i = next(count)
+        log.append(tag)
+        clock.now += forward[i % len(forward)] * UNIT
+        out = compute(*t)
+        return _Cost.apply(out, clock, backward[i % len(backward)] * UNIT) if out.requires_grad \
+            else out
+
+    return fn
+
+
+def _assert_paired(peer_runs, ours_runs, reported):
+    """reported is the median of per-rep ratios of the two sides' runs, not their medians'."""
+    per_rep = statistics.median(p / o for p, o in zip(peer_runs, ours_runs))
+    of_medians = statistics.median(peer_runs) / statistics.median(ours_runs)
+    assert len(peer_runs) == len(ours_runs)
+    assert reported == per_rep
+    assert reported != pytest.approx(of_medians)  # the schedules tell the two apart
+
+
+def _assert_medians(r, keys=("forward", "backward", "fwd_bwd")):
+    for key in keys:
+        assert r[f"{key}_s"] == statistics.median(r[f"{key}_runs_s"])
+
+
+def _fake_timed(monkeypatch, module, clock):
+    """module's time_training_steps reading `clock`."""
+    real = bench.time_training_steps
+
+    def timed(*args, **kwargs):
+        return real(*args, clock=clock, **kwargs)
+
+    monkeypatch.setattr(module, "time_training_steps", timed)
+
+
+def test_fake_clock_times_are_medians_of_runs_and_ratios_medians_of_per_rep_ratios():
+    clock, log = FakeClock(), []
+    # Index 0 is the warm-up's; then 5 reps.
+    a = _workload(clock, log, "A", forward=[1, 1, 2, 3, 5, 8], backward=[1, 1, 16, 2, 8, 4])
+    b = _workload(clock, log, "B", forward=[1, 4, 3, 9, 6, 40], backward=[1, 2, 1, 8, 4, 32])
+    ours, peer = bench.time_training_steps([a, b], [torch.randn(3)], reps=5, clock=clock)
+    # A and B alternate which goes first: AB BA AB BA AB after the warm-ups.
+    assert log == ["A", "B"] + ["A", "B", "B", "A"] * 2 + ["A", "B"]
+    assert ours["forward_runs_s"] == [x * UNIT for x in (1, 2, 3, 5, 8)]
+    assert peer["forward_runs_s"] == [x * UNIT for x in (4, 3, 9, 6, 40)]
+    assert ours["backward_runs_s"] == [x * UNIT for x in (1, 16, 2, 8, 4)]
+    assert peer["backward_runs_s"] == [x * UNIT for x in (2, 1, 8, 4, 32)]
+    for r in (ours, peer):
+        _assert_medians(r)
+    assert ours["forward_s"] == 3 * UNIT and peer["forward_s"] == 6 * UNIT
+    for key in ("forward", "backward"):
+        _assert_paired(peer[f"{key}_runs_s"], ours[f"{key}_runs_s"],
+                       bench.paired_speedup(peer, ours, key))
+    assert bench.paired_speedup(peer, ours, "forward") == 3.0  # 2.0 as a ratio of medians
+    # The pattern bench's fixed order: A B in every rep.
+    log.clear()
+    bench.time_training_steps([a, b], [torch.randn(3)], reps=3, clock=clock, order="fixed")
+    assert log == ["A", "B"] * 4
+
+
+def test_forward_only_steps_time_forwards_alone():
+    clock, log = FakeClock(), []
+    plain = _workload(clock, log, "A", forward=[1, 2, 3])
+    no_grad = _workload(clock, log, "B", forward=[4], compute=lambda *t: t[0].detach() * 1.0)
+    a, b = bench.time_training_steps([plain, no_grad], [torch.randn(3)], reps=2,
+                                     backward=False, clock=clock)
+    assert set(a) == set(b) == {"forward_s", "forward_runs_s", "forward_faults"}
+    assert a["forward_runs_s"] == [2 * UNIT, 3 * UNIT] and b["forward_runs_s"] == [4 * UNIT] * 2
+    assert log == ["A", "B", "A", "B", "B", "A"]
+
+
+def test_rep_order_alternates_or_stays_fixed():
+    assert [bench.rep_order(3, r) for r in range(3)] == [[0, 1, 2], [2, 1, 0], [0, 1, 2]]
+    assert bench.rep_order(2, 1, "fixed") == [0, 1]
+    assert bench.rep_order(0, 5) == []
+    with pytest.raises(ValueError, match="order must be one of"):
+        bench.rep_order(2, 0, "random")
+    with pytest.raises(ValueError, match=">= 0"):
+        bench.rep_order(2, -1)
+    with pytest.raises(TypeError, match="count must be an int"):
+        bench.rep_order(2.0, 0)
+
+
+def test_time_training_steps_rejects_bad_arguments():
+    x = [torch.randn(3)]
+    for kwargs, error, match in (
+            (dict(fns=[]), TypeError, "non-empty list of callables"),
+            (dict(fns=[1]), TypeError, "non-empty list of callables"),
+            (dict(reps=0), ValueError, "reps must be >= 1"),
+            (dict(reps=2.0), TypeError, "reps must be an int"),
+            (dict(min_seconds=-1.0), ValueError, "min_seconds"),
+            (dict(min_seconds=float("nan")), ValueError, "min_seconds"),
+            (dict(order="abba"), ValueError, "order must be one of"),
+            (dict(clock=3.0), TypeError, "clock must be callable")):
+        args = {"fns": [lambda t: t * 2.0], "inputs": x, "reps": 1, **kwargs}
+        with pytest.raises(error, match=match):
+            bench.time_training_steps(**args)
+
+
+def _fake_attention(clock, log):
+    """attn2d.attention on a fake clock: naive attention, fp32 and bf16 with schedules of their
+    own."""
+    def naive(q, k, v, scale=None):
+        return torch.softmax(q @ k.transpose(-1, -2) * scale, -1) @ v
+
+    fp32 = _workload(clock, log, "A", [3, 1, 2, 3, 5, 8, 2], [2, 1, 16, 2, 8, 4], compute=naive)
+    bf16 = _workload(clock, log, "H", [2, 1, 1, 4, 2], [1, 3, 1, 5, 2], compute=naive)
+    one_thread = _workload(clock, log, "1", [5, 4, 9, 7, 12, 6], [3, 9, 5, 20, 4],
+                           compute=naive)
+
+    def attention(q, k, v, scale=None):
+        if q.dtype == torch.bfloat16:
+            return bf16(q, k, v, scale)
+        return (one_thread if torch.get_num_threads() == 1 else fp32)(q, k, v, scale)
+
+    return attention
+
+
+def test_dense_bench_reports_paired_ratios_and_medians(monkeypatch):
+    import attn2d
+
+    clock, log = FakeClock(), []
+    monkeypatch.setattr(attn2d, "attention", _fake_attention(clock, log))
+    _fake_timed(monkeypatch, bench, clock)
+
+    def naive(q, k, v, scale):
+        return torch.softmax(q @ k.transpose(-1, -2) * scale, -1) @ v
+
+    def refuses(q, k, v, scale):
+        raise RuntimeError("no kernel for these shapes")
+
+    peer = _workload(clock, log, "P", [4, 3, 9, 6, 40, 7], [2, 3, 8, 4, 32, 1], compute=naive)
+    monkeypatch.setattr(bench, "PEERS", {"peer": peer, "refuses": refuses})
+    case = bench.Case("tiny", 1, 1, 16, 16, 8, 8)
+    out = bench.run_case(case, reps=5, peers=["peer", "refuses"], with_memory=False,
+                         paired_seconds=0.0)
+    r = out["results"]
+    assert list(r) == ["attn2d", "peer", "refuses", "attn2d-bf16"]
+    assert r["refuses"] == {"refused": "no kernel for these shapes"}
+    # The fp32 / bf16 pair, then the peer's pair with attn2d, each alternating after its warm-up.
+    assert log[:12] == ["A", "H"] + ["A", "H", "H", "A"] * 2 + ["A", "H"]
+    assert log[12:24] == ["A", "P"] + ["A", "P", "P", "A"] * 2 + ["A", "P"]
+    for name in ("attn2d", "peer", "attn2d-bf16"):
+        _assert_medians(r[name])
+        assert len(r[name]["forward_runs_s"]) == 5
+    p, ours, bf16 = r["peer"], r["attn2d"], r["attn2d-bf16"]
+    for key in ("forward", "backward", "fwd_bwd"):
+        _assert_paired(p[f"{key}_runs_s"], p[f"attn2d_{key}_runs_s"],
+                       p[f"attn2d_speedup_{key}"])
+    # The peer's own attn2d runs, not the attn2d row's (those are from its pair with bf16).
+    assert p["attn2d_forward_runs_s"] != ours["forward_runs_s"]
+    for key in ("forward", "backward"):
+        _assert_paired(ours[f"{key}_runs_s"], bf16[f"{key}_runs_s"],
+                       bf16[f"bf16_speedup_{key}"])
+        _assert_paired(bf16[f"{key}_runs_s"], ours[f"{key}_runs_s"],
+                       bf16[f"attn2d_speedup_{key}"])
+    report = {"machine": "m", "threads": 1, "fma_peak_gflops": 1.0, "reps": 5,
+              "paired_seconds": 0.0, "peers": ["peer", "refuses"], "cases": [out]}
+    text = bench._markdown(report)
+    assert (f"| {p['attn2d_speedup_forward']:.2f} / {p['attn2d_speedup_backward']:.2f} |"
+            in text)
+    # The plot's bar: attn2d's time over the peer's, the median of per-rep ratios.
+    _assert_paired(p["attn2d_fwd_bwd_runs_s"], p["fwd_bwd_runs_s"],
+                   bench._relative_speed(r, "peer"))
+    assert bench._relative_speed(r, "refuses") == 0.0 and bench._relative_speed(r, "attn2d") == 1
+
+
+def test_dense_bench_thread_scaling_is_paired_with_all_threads(monkeypatch):
+    import attn2d
+
+    clock, log = FakeClock(), []
+    monkeypatch.setattr(attn2d, "attention", _fake_attention(clock, log))
+    _fake_timed(monkeypatch, bench, clock)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # "all threads" differs from one on any machine
+    try:
+        out = bench.run_case(bench.Case("tiny", 1, 1, 16, 16, 8, 8), reps=5, peers=[],
+                             with_memory=False, thread_scaling=True, paired_seconds=0.0)
+        assert torch.get_num_threads() == 2  # the interleaved 1-thread runs restore it
+    finally:
+        torch.set_num_threads(threads)
+    one = out["results"]["attn2d-1thread"]
+    # The all-thread and 1-thread steps alternate which goes first.
+    assert log[-12:] == ["A", "1"] + ["A", "1", "1", "A"] * 2 + ["A", "1"]
+    _assert_medians(one)
+    for key in ("forward", "backward"):
+        _assert_paired(one[f"{key}_runs_s"], one[f"attn2d_{key}_runs_s"],
+                       one[f"attn2d_scaling_{key}"])
+    _assert_paired(one["fwd_bwd_runs_s"], one["attn2d_fwd_bwd_runs_s"],
+                   one["attn2d_speedup_fwd_bwd"])
+
+
+def test_dense_bench_rejects_bad_arguments():
+    case = bench.Case("tiny", 1, 1, 16, 16, 8, 8)
+    with pytest.raises(ValueError, match="unknown peers"):
+        bench.run_case(case, reps=1, peers=["tensorflow"], with_memory=False)
+    with pytest.raises(TypeError, match="reps must be an int"):
+        bench.run_case(case, reps="5", peers=[], with_memory=False)
+    with pytest.raises(ValueError, match="paired_seconds"):
+        bench.run_case(case, reps=1, peers=[], with_memory=False, paired_seconds=-1.0)
+
+
+def test_pattern_bench_peer_ratios_are_paired(monkeypatch):
+    import attn2d
+    from attn2d import bench_patterns as bp
+    from attn2d.patterns import Window
+
+    clock, log = FakeClock(), []
+    glob = _workload(clock, log, "G", [8, 9, 7], [16, 17])
+    pattern = _workload(clock, log, "P", [3, 1, 2, 3, 5, 8, 2], [2, 1, 16, 2, 8, 4])
+    dense = _workload(clock, log, "D", [4, 3, 9, 6, 40, 7], [2, 3, 8, 4, 32, 1])
+    flex = _workload(clock, log, "F", [1, 1, 7, 12, 2, 9], compute=lambda q: q.detach() * 1.0)
+
+    def attention2d(q, k, v, pattern=None, **kw):
+        return (glob if pattern is None else pattern_step)(q, k, v)
+
+    pattern_step = pattern
+    monkeypatch.setattr(attn2d, "attention2d", attention2d)
+    monkeypatch.setattr(bp, "dense_masked_math", lambda q, k, v, mask: dense(q, k, v))
+    monkeypatch.setattr(bp, "flex_forward", lambda case, q, k, v: (lambda: flex(q)))
+    _fake_timed(monkeypatch, bp, clock)
+    case = bp.PatternCase("w", 1, (6, 6), (6, 6), 4, 4, Window(3))
+    reps = 5
+    out = bp.run_case(case, reps=reps, with_memory=False, with_flex=True, log=lambda line: None,
+                      paired_seconds=0.0)
+    r, s = out["results"], out["summary"]
+    steps = ["G"] + ["P"] * (bp.STEADY_STEPS + 1)
+    main = len(steps) * (reps + 1)
+    assert log[:main] == steps * (reps + 1)  # fixed order: "after global" is the first P
+    pair = ["P", "D", "D", "P"] * 2 + ["P", "D"]
+    assert log[main:main + 12] == ["P", "D"] + pair
+    assert log[main + 12:] == ["P", "F"] + [x.replace("D", "F") for x in pair]
+    for name in ("attn2d-pattern", "attn2d-global", "attn2d-pattern-steady", "dense-masked-math"):
+        _assert_medians(r[name])
+    _assert_medians(r["flex-forward"], keys=("forward",))
+    d, f = r["dense-masked-math"], r["flex-forward"]
+    _assert_paired(d["forward_runs_s"], d["attn2d_forward_runs_s"], s["dense_over_attn2d_fwd"])
+    _assert_paired(d["backward_runs_s"], d["attn2d_backward_runs_s"], s["dense_over_attn2d_bwd"])
+    _assert_paired(f["forward_runs_s"], f["attn2d_forward_runs_s"], s["flex_over_attn2d_fwd"])
+    assert "attn2d_backward_runs_s" not in f  # Flex's pair times forwards alone
+    # The per-pair ratios: the pattern's step right after the global one, rep by rep.
+    ours, g = r["attn2d-pattern"], r["attn2d-global"]
+    scale = s["global_pairs"] / s["allowed_pairs"]
+    assert s["per_pair_ratio_fwd"] == statistics.median(
+        o / x for o, x in zip(ours["forward_runs_s"], g["forward_runs_s"])) * scale
+    report = {"machine": "m", "threads": 1, "reps": reps, "paired_seconds": 0.0, "cases": [out]}
+    text = bp._markdown(report)
+    assert f"| {s['flex_over_attn2d_fwd']:.2f} | {s['dense_over_attn2d_fwd']:.1f} / " in text
+
+
+def test_double_backward_bench_ratio_is_paired(monkeypatch):
+    from attn2d import bench_double_backward as bdb
+
+    clock, log = FakeClock(), []
+    steps = {"attn2d": _workload(clock, log, "A", [3, 1, 2, 3, 5, 8], [2, 1, 16, 2, 8, 4],
+                                 compute=lambda x: x.sum() * 1.0),
+             "math": _workload(clock, log, "M", [4, 3, 9, 6, 40, 7], [2, 3, 8, 4, 32, 1],
+                               compute=lambda x: x.sum() * 1.0)}
+    monkeypatch.setattr(bdb, "r1_penalty_fn", lambda impl, module, readout: steps[impl])
+    _fake_timed(monkeypatch, bench, clock)
+    row = bdb.run_case(8, 4, reps=5, with_memory=False)
+    assert log == ["A", "M"] + ["A", "M", "M", "A"] * 2 + ["A", "M"]
+    runs = row["runs_s"]
+    for impl in ("attn2d", "math"):
+        assert row["median_s"][impl] == statistics.median(runs[impl]) and len(runs[impl]) == 5
+    _assert_paired(runs["math"], runs["attn2d"], row["speedup_median_of_ratios"])
+    text = bdb.markdown([row], "m")
+    assert f"{row['speedup_median_of_ratios']:.2f}x" in text and "median over reps" in text
+
+
+def test_gpu_bench_ratios_are_paired(monkeypatch):
+    from attn2d import bench_cuda as bc
+
+    clock, log = FakeClock(), []
+    monkeypatch.setattr(bc._Clock, "mark", lambda self: clock())
+    ours = _workload(clock, log, "A", [3, 1, 2, 3, 5, 8], [2, 1, 16, 2, 8, 4])
+    peer = _workload(clock, log, "P", [4, 3, 9, 6, 40, 7], [2, 3, 8, 4, 32, 1])
+    x = torch.randn(3)
+    timed = bc.time_interleaved([ours, peer], [[x], [x]], reps=5, backward=True, calls=1)
+    assert log == ["A", "P"] + ["A", "P", "P", "A"] * 2 + ["A", "P"]
+    results = {"attn2d": timed[0], "peer": timed[1], "refused": {"refused": "no"}}
+    bc._add_ratios(results, ("forward", "backward", "fwd_bwd"))
+    for key in ("forward", "backward", "fwd_bwd"):
+        _assert_medians(results["peer"], (key,))
+        _assert_paired(results["peer"][f"{key}_runs_s"], results["attn2d"][f"{key}_runs_s"],
+                       results["peer"][f"over_attn2d_{key}"])
+    assert "over_attn2d_forward" not in results["attn2d"] and results["refused"] == {
+        "refused": "no"}
