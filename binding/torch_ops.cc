@@ -17,10 +17,14 @@
 #include "attn2d/bf16_products.h"
 #include "attn2d/fma_peak.h"
 #include "attn2d/kernel_choice.h"
+#include "python_errors.h"
 
 namespace attn2d {
 namespace binding {
 namespace {
+
+// The largest workspace one call may allocate, in bytes; negative: no limit but the host's.
+std::atomic<std::int64_t> workspace_limit{-1};
 
 Host torch_host() {
   Host host;
@@ -34,9 +38,12 @@ Host torch_host() {
       for (std::int64_t t = begin; t < end; ++t) fn(fn_ctx, t, thread);
     });
   };
-  // torch's CPU allocator aligns to 64 bytes; its out-of-memory error becomes the core's
-  // kOutOfMemory status rather than an exception through the core.
+  // torch's CPU allocator aligns to 64 bytes; its out-of-memory error, or a request past
+  // set_workspace_limit's, becomes the core's kOutOfMemory status rather than an exception
+  // through the core.
   host.allocate = [](void*, std::size_t bytes) -> void* {
+    const std::int64_t limit = workspace_limit.load(std::memory_order_relaxed);
+    if (limit >= 0 && bytes > static_cast<std::size_t>(limit)) return nullptr;
     try {
       return c10::GetCPUAllocator()->raw_allocate(bytes);
     } catch (const c10::Error&) {
@@ -56,7 +63,7 @@ void raise_unless_ok(const Status& s, const char* op) {
     case StatusCode::kUnsupported:
       TORCH_CHECK_TYPE(false, op, ": ", s.message());
     case StatusCode::kOutOfMemory:
-      TORCH_CHECK_WITH(OutOfMemoryError, false, op, ": ", s.message());
+      throw_memory_error(std::string(op) + ": " + s.message());
   }
   TORCH_CHECK(false, op, ": unknown status ", static_cast<int>(s.code()));
 }
@@ -464,6 +471,10 @@ void set_bf16_products(const std::string& choice) {
   }
 }
 
+void set_workspace_limit(std::int64_t bytes) { workspace_limit.store(bytes); }
+
+std::int64_t get_workspace_limit() { return workspace_limit.load(); }
+
 std::string bf16_products() { return attn2d::bf16_pairs_in_use() ? "pairs" : "float"; }
 
 double fma_peak_gflops(double seconds) {
@@ -524,6 +535,8 @@ TORCH_LIBRARY(attn2d, m) {
   m.def("cpu_simd_target() -> str", &attn2d::binding::cpu_simd_target);
   m.def("set_bf16_products(str choice) -> ()", &attn2d::binding::set_bf16_products);
   m.def("bf16_products() -> str", &attn2d::binding::bf16_products);
+  m.def("set_workspace_limit(int bytes) -> ()", &attn2d::binding::set_workspace_limit);
+  m.def("workspace_limit() -> int", &attn2d::binding::get_workspace_limit);
   m.def("fma_peak_gflops(float seconds=0.2) -> float", &attn2d::binding::fma_peak_gflops);
   m.def("host_threads_used(int tasks) -> int", &attn2d::binding::host_threads_used);
 }

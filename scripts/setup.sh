@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages="cmake g++ libhwy-dev libgtest-dev dataset-fashion-mnist"
+packages="cmake g++ python3-dev libhwy-dev libgtest-dev dataset-fashion-mnist"
 missing=""
 for p in $packages; do
   dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"

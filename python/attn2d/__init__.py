@@ -36,5 +36,27 @@ def bf16_products() -> str:
     return torch.ops.attn2d.bf16_products()
 
 
+def set_workspace_limit(limit_bytes) -> None:
+    """The most scratch memory one CPU kernel call may allocate, in bytes, for the whole process;
+    None: no limit but the allocator's. A call whose workspace would pass it raises MemoryError
+    with the size it asked for, as it does where the allocator itself refuses."""
+    if limit_bytes is None:
+        torch.ops.attn2d.set_workspace_limit(-1)
+        return
+    if isinstance(limit_bytes, bool) or not isinstance(limit_bytes, int):
+        raise TypeError("attn2d.set_workspace_limit: limit_bytes must be an int or None; got "
+                        f"{type(limit_bytes).__name__}")
+    if limit_bytes < 0:
+        raise ValueError(f"attn2d.set_workspace_limit: limit_bytes must be >= 0; got {limit_bytes}")
+    torch.ops.attn2d.set_workspace_limit(limit_bytes)
+
+
+def workspace_limit():
+    """The limit set_workspace_limit set, in bytes, or None."""
+    limit = torch.ops.attn2d.workspace_limit()
+    return None if limit < 0 else limit
+
+
 __all__ = ["attention", "attention2d", "backend_setting", "bf16_products", "cpu_simd_target",
-           "explain", "nn", "patterns", "set_bf16_products", "use_backend", "__version__"]
+           "explain", "nn", "patterns", "set_bf16_products", "set_workspace_limit", "use_backend",
+           "workspace_limit", "__version__"]
