@@ -164,12 +164,32 @@ def _add_train_gan_parser(sub) -> None:
         "DistributedDataParallel.")
     p.add_argument("--variants", default="global,ylg",
                    help=f"comma-separated, from {', '.join(VARIANTS)} (default: global,ylg)")
-    p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument("--steps", type=int, default=None,
+                   help=f"training steps (default {d.steps}); not with --budget-minutes")
+    p.add_argument("--budget-minutes", type=float, default=None, metavar="M",
+                   help="train each run for M minutes of training steps instead of a step "
+                   "count (evaluation, samples and checkpoints are timed apart and not counted), "
+                   "evaluating FID/KID/SWD at --eval-fractions; writes OUT/budget_report.md")
+    p.add_argument("--eval-fractions", default=None, metavar="F,F,...",
+                   help="fractions of the budget in (0, 1], increasing, at which to evaluate "
+                   "(default 0.1,0.2,...,1.0)")
+    p.add_argument("--pause-after-minutes", type=float, default=None, metavar="M",
+                   help="stop this invocation after M minutes of training, checkpointed; "
+                   "--resume continues the budget with its clock and evaluations")
+    p.add_argument("--seeds", default=None, metavar="S,S,...",
+                   help="train every variant once per seed, in OUT/<variant>/seed<S> (instead "
+                   "of --seed in OUT/<variant>)")
+    p.add_argument("--report", default=None, metavar="DIR",
+                   help="train nothing: merge the budget runs under DIR (every seed and "
+                   "sitting) into DIR/budget_report.md, budget_report.json and "
+                   "fid_vs_time_*.png")
     p.add_argument("--batch", type=int, default=d.batch, help="per process")
-    p.add_argument("--res", type=int, default=d.res, help="image size (32 or 64, ...)")
+    p.add_argument("--res", "--image-size", dest="res", type=int, default=d.res,
+                   help="image size (32 or 64, ...)")
     p.add_argument("--width", type=int, default=d.width, help="channels at full resolution")
     p.add_argument("--attn-res", type=int, default=d.attn_res,
-                   help="map size of the attention block in G and D")
+                   help="map size of the attention block in G and D (a power of two up to the "
+                   "image size: 32 or 64 for 64x64 images)")
     p.add_argument("--heads", type=int, default=d.heads)
     p.add_argument("--pool-kv", type=int, default=d.pool_kv, help="key/value pooling (SAGAN: 2)")
     p.add_argument("--window-sizes", default=None,
@@ -196,18 +216,19 @@ def _add_train_gan_parser(sub) -> None:
     p.add_argument("--sample-every", type=int, default=d.sample_every)
     p.add_argument("--ckpt-every", type=int, default=d.ckpt_every)
     p.add_argument("--eval-every", type=int, default=d.eval_every,
-                   help="evaluate FID/SWD every N steps (the plateau schedule needs it; "
-                   "0: at the end only)")
+                   help="evaluate FID/SWD every N steps (the plateau schedule needs it, or "
+                   "a budget's --eval-fractions; 0: at the end only)")
     p.add_argument("--eval-samples", type=int, default=d.eval_samples)
     p.add_argument("--swd-samples", type=int, default=d.swd_samples)
     p.add_argument("--log-every", type=int, default=d.log_every)
     p.add_argument("--resume", action="store_true",
-                   help="continue each variant from OUT/<variant>/checkpoint.pt")
+                   help="continue each run from its checkpoint.pt (a budget keeps its clock "
+                   "and the evaluations already done)")
     p.add_argument("--threads", type=int, default=None, help="torch threads per process")
     p.add_argument("--in-process", action="store_true",
                    help="train the variants in this process (no subprocess per variant)")
     p.add_argument("--no-reference", action="store_true",
-                   help="skip the real-vs-real reference row of the report")
+                   help="skip the real-vs-real reference row (and line) of the report")
     _add_device_option(p)
 
 
@@ -215,13 +236,39 @@ def _train_gan(parser, args) -> int:
     import dataclasses
     import os
 
-    if not _tools_present("train-gan", "PIL"):
-        return 2
-    from .gan import train
-
     def fail(msg: str) -> int:
+        msg = msg.removeprefix("attn2d train-gan: ")
         print(f"attn2d train-gan: error: {msg}", file=sys.stderr)
         return 2
+
+    if args.report is not None:
+        if not _tools_present("train-gan --report", "matplotlib"):
+            return 2
+        from .gan import budget_report
+
+        try:
+            budget_report.write(args.report, reference=not args.no_reference)
+        except (ValueError, FileNotFoundError) as err:
+            return fail(str(err))
+        return 0
+    if not _tools_present("train-gan", "PIL"):
+        return 2
+    if args.budget_minutes is not None and not _tools_present("train-gan --budget-minutes",
+                                                              "matplotlib"):
+        return 2
+    from .gan import budget, train
+
+    if args.budget_minutes is not None and args.steps is not None:
+        return fail("--steps and --budget-minutes: a budget run stops on time, not at a step "
+                    "count; give one of them")
+    if args.eval_fractions is not None and args.budget_minutes is None:
+        return fail("--eval-fractions are fractions of --budget-minutes; add --budget-minutes")
+    try:
+        fractions = (budget.parse_fractions(args.eval_fractions)
+                     if args.eval_fractions is not None else budget.DEFAULT_FRACTIONS)
+        seeds = budget.parse_seeds(args.seeds) if args.seeds is not None else None
+    except ValueError as err:
+        return fail(str(err))
 
     try:
         sizes = None
@@ -239,8 +286,10 @@ def _train_gan(parser, args) -> int:
 
         torch.set_num_threads(args.threads)
     cfg = train.TrainConfig(
-        steps=args.steps, batch=args.batch, res=args.res, width=args.width,
-        attn_res=args.attn_res, heads=args.heads, pool_kv=args.pool_kv, window_sizes=sizes,
+        steps=args.steps if args.steps is not None else train.TrainConfig.steps,
+        budget_minutes=args.budget_minutes, eval_fractions=fractions,
+        pause_after_minutes=args.pause_after_minutes, batch=args.batch, res=args.res,
+        width=args.width, attn_res=args.attn_res, heads=args.heads, pool_kv=args.pool_kv, window_sizes=sizes,
         lr_g=args.lr_g, lr_d=args.lr_d, bf16=args.bf16, r1=args.r1, r1_every=args.r1_every,
         gp=args.gp, grad_checkpoint=args.grad_checkpoint,
         data=args.data, data_limit=args.data_limit, out=args.out, seed=args.seed,
@@ -259,9 +308,10 @@ def _train_gan(parser, args) -> int:
         dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
     try:
         for v in variants:
-            dataclasses.replace(cfg, variant=v).check()
+            for seed in seeds or (cfg.seed,):
+                dataclasses.replace(cfg, variant=v, seed=seed).check()
         train.run(cfg, variants, subprocesses=not args.in_process,
-                  reference=not args.no_reference)
+                  reference=not args.no_reference, seeds=seeds)
         if distributed:
             # Both ranks finish their collectives before either tears gloo down: otherwise a
             # rank can abort in teardown ("terminate called without an active exception",

@@ -197,6 +197,27 @@ def test_shipped_classifier_accuracy():
 # Training
 
 
+@pytest.mark.parametrize("attn_res", [4, 8, 16, 32, 64])
+def test_attention_sits_at_the_chosen_map_in_both_networks(attn_res):
+    from attn2d.gan.models import Discriminator, GANConfig, Generator, attention_blocks
+
+    cfg = GANConfig(res=64, width=8, attn_res=attn_res)
+    G, D = Generator(cfg), Discriminator(cfg)
+    seen = {}
+
+    def record(name):
+        def hook(module, args, output):
+            seen[name] = tuple(output.shape[-2:])
+        return hook
+
+    for name, model in (("G", G), ("D", D)):
+        (block,) = attention_blocks(model)
+        block.register_forward_hook(record(name))
+    with torch.no_grad():
+        D(G(torch.randn(2, cfg.z_dim)))
+    assert seen == {"G": (attn_res, attn_res), "D": (attn_res, attn_res)}
+
+
 def _tiny(tmp_path, variant: str, **kw) -> TrainConfig:
     base = dict(variant=variant, steps=3, batch=4, res=8, width=8, attn_res=8, heads=4,
                 data_limit=128, out=str(tmp_path), sample_every=2, ckpt_every=2,
@@ -241,6 +262,26 @@ def test_resume_continues_exactly(tmp_path):
     a = torch.load(tmp_path / "a" / "ylg" / "checkpoint.pt", weights_only=False)
     b = torch.load(tmp_path / "b" / "ylg" / "checkpoint.pt", weights_only=False)
     assert a["step"] == b["step"] == 4
+    for part in ("G", "D"):
+        for name, t in a[part].items():
+            assert torch.equal(t, b[part][name]), f"{part}.{name} differs after resume"
+
+
+@needs_fmnist
+def test_resume_past_a_schedule_change_continues_exactly(tmp_path):
+    # Progressive windows (2, 2, 3) over 6 steps: size 3 from step 4. The blocks of a run
+    # resumed at step 5 are built with the first size and must be moved to the third.
+    straight = _tiny(tmp_path / "a", "progressive", steps=6, ckpt_every=5)
+    train_variant(straight, log=lambda s: None, progress=False)
+    first = _tiny(tmp_path / "b", "progressive", steps=5, ckpt_every=5)
+    train_variant(first, log=lambda s: None, progress=False)
+    logs = []
+    result = train_variant(dataclasses.replace(first, steps=6, resume=True), log=logs.append,
+                           progress=False)
+    assert any("step 5: attention -> Window(size=3" in line for line in logs)
+    assert "size=3" in result["final_pattern"]
+    a = torch.load(tmp_path / "a" / "progressive" / "checkpoint.pt", weights_only=False)
+    b = torch.load(tmp_path / "b" / "progressive" / "checkpoint.pt", weights_only=False)
     for part in ("G", "D"):
         for name, t in a[part].items():
             assert torch.equal(t, b[part][name]), f"{part}.{name} differs after resume"

@@ -76,8 +76,10 @@ class Generator(nn.Module):
         c4 = cfg.channels_at(4)
         self.project = spectral_norm(nn.Linear(cfg.z_dim, c4 * 16))
         self.bn0 = nn.BatchNorm2d(c4)
-        blocks = []
+        blocks: list[nn.Module] = []
         size = 4
+        if cfg.attn_res == 4:
+            blocks.append(_attention_block(cfg, c4))
         while size < cfg.res:
             cin, cout = cfg.channels_at(size), cfg.channels_at(size * 2)
             size *= 2
