@@ -55,27 +55,25 @@ def check_fractions(value: object, name: str = "eval_fractions") -> tuple[float,
     return tuple(float(f) for f in fractions)
 
 
-def parse_fractions(text: str, name: str = "--eval-fractions") -> tuple[float, ...]:
-    """'0.1,0.2,...' -> checked fractions."""
+def _parse_list(text: str, name: str, convert, what: str) -> tuple:
+    """'a,b,...' -> (convert(a), convert(b), ...), blanks skipped."""
     if not isinstance(text, str):
         raise TypeError(f"attn2d train-gan: {name} must be a string; got {text!r}")
     try:
-        values = tuple(float(t) for t in text.split(",") if t.strip())
+        return tuple(convert(t) for t in text.split(",") if t.strip())
     except ValueError:
-        raise ValueError(f"attn2d train-gan: {name} must be comma-separated numbers; got "
+        raise ValueError(f"attn2d train-gan: {name} must be comma-separated {what}; got "
                          f"{text!r}") from None
-    return check_fractions(values, name)
+
+
+def parse_fractions(text: str, name: str = "--eval-fractions") -> tuple[float, ...]:
+    """'0.1,0.2,...' -> checked fractions."""
+    return check_fractions(_parse_list(text, name, float, "numbers"), name)
 
 
 def parse_seeds(text: str, name: str = "--seeds") -> tuple[int, ...]:
     """'0,1' -> (0, 1): distinct ints >= 0."""
-    if not isinstance(text, str):
-        raise TypeError(f"attn2d train-gan: {name} must be a string; got {text!r}")
-    try:
-        seeds = tuple(int(t) for t in text.split(",") if t.strip())
-    except ValueError:
-        raise ValueError(f"attn2d train-gan: {name} must be comma-separated ints; got "
-                         f"{text!r}") from None
+    seeds = _parse_list(text, name, int, "ints")
     if not seeds:
         raise ValueError(f"attn2d train-gan: {name} is empty")
     if any(s < 0 for s in seeds):
