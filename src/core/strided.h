@@ -52,6 +52,9 @@ SliceMask<T> slice_mask(const AttentionParams& p, std::int64_t b, std::int64_t h
   m.causal = p.is_causal;
   m.row_stride = p.mask_stride[2];
   m.col_stride = p.mask_stride[3];
+  // An empty problem's mask may be null (validate), where an offset from it is undefined; no
+  // element of it is read then.
+  if (p.mask == nullptr) return m;
   const std::int64_t base = b * p.mask_stride[0] + h * p.mask_stride[1];
   if (p.mask_kind == MaskKind::kBool) {
     m.bools = static_cast<const unsigned char*>(p.mask) + base;

@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -52,11 +53,27 @@ Status validate_layout(const AttentionParams& p) {
     const char* name;
   } sides[] = {{lay.q_tile_begin, lay.q_rows, lay.block_q, p.len_q, "query"},
                {lay.k_tile_begin, lay.k_rows, lay.block_k, p.len_k, "key"}};
+  // Every range before any row: the rows array holds the last range's end of tiles, and a
+  // range past that end would be read past the array. And tiles enough for every row before
+  // `seen` takes len bytes, which a wrong len_q or len_k could make any size.
   for (const Side& side : sides) {
     if (side.begin[0] != 0) return bad(std::string(side.name) + " tiles must start at 0");
-    std::vector<char> seen(static_cast<size_t>(side.len));
+    const std::int64_t tiles_needed = side.len / side.block + (side.len % side.block != 0);
     for (std::int64_t l = 0; l < lay.num_layouts; ++l) {
       if (side.begin[l + 1] < side.begin[l]) return bad(std::string(side.name) + " tile ranges must not decrease");
+      if (side.begin[l + 1] - side.begin[l] < tiles_needed) {
+        return bad("layout " + str(l) + "'s " + str(side.begin[l + 1] - side.begin[l]) + " " +
+                   side.name + " tiles of " + str(side.block) + " rows cannot hold its " +
+                   str(side.len) + " rows");
+      }
+    }
+    if (side.rows == nullptr && side.begin[lay.num_layouts] > 0) {
+      return bad(std::string(side.name) + " rows are null");
+    }
+  }
+  for (const Side& side : sides) {
+    std::vector<char> seen(static_cast<size_t>(side.len));
+    for (std::int64_t l = 0; l < lay.num_layouts; ++l) {
       std::fill(seen.begin(), seen.end(), 0);
       for (std::int64_t t = side.begin[l]; t < side.begin[l + 1]; ++t) {
         bool padding = false;
@@ -91,9 +108,16 @@ Status validate_layout(const AttentionParams& p) {
   } csrs[] = {{lay.fwd_begin, lay.fwd_k_tile, lay.fwd_mask, q_tiles, k_tiles},
               {lay.bwd_begin, lay.bwd_q_tile, lay.bwd_mask, k_tiles, q_tiles}};
   for (const Csr& c : csrs) {
+    // Every offset before any visit, as for the tile ranges: the visit arrays hold the last
+    // offset's count of visits.
     if (c.begin[0] != 0) return bad("visit lists must start at 0");
     for (std::int64_t t = 0; t < c.tiles; ++t) {
       if (c.begin[t + 1] < c.begin[t]) return bad("visit offsets must not decrease");
+    }
+    if (c.begin[c.tiles] > 0 && (c.other == nullptr || c.mask == nullptr)) {
+      return bad("a visit array is null");
+    }
+    for (std::int64_t t = 0; t < c.tiles; ++t) {
       for (std::int64_t v = c.begin[t]; v < c.begin[t + 1]; ++v) {
         if (c.other[v] < 0 || c.other[v] >= c.other_tiles) return bad("visited tile out of range");
         if (c.mask[v] < -1 || c.mask[v] >= lay.num_masks) return bad("mask index out of range");
@@ -153,6 +177,14 @@ Status validate_window(const AttentionParams& p) {
   }
   if (w.height < 1 || w.width < 1) {
     return bad("height and width must be >= 1, got " + str(w.height) + "x" + str(w.width));
+  }
+  // At most 2^31 - 1 pixels, as a compiled pattern's grid (attn2d/patterns.h): the window
+  // kernels' geometry (cpu/window/window_geometry.h) sizes its packed rows from the pixel
+  // count in int64, and a larger map overflows there (and height * width here).
+  constexpr std::int64_t kMaxPixels = std::numeric_limits<std::int32_t>::max();
+  if (w.height > kMaxPixels / w.width) {
+    return bad("height * width must be at most " + str(kMaxPixels) + ", got " + str(w.height) +
+               "x" + str(w.width));
   }
   if (p.len_q != w.height * w.width || p.len_k != p.len_q) {
     return bad("len_q and len_k must both be height * width = " + str(w.height * w.width) +
