@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages="cmake g++ python3-dev libhwy-dev libgtest-dev dataset-fashion-mnist"
+# clang-16 and its runtime libraries: the libFuzzer targets of scripts/fuzz.sh.
+packages="cmake g++ python3-dev libhwy-dev libgtest-dev dataset-fashion-mnist clang-16 libclang-rt-16-dev"
 missing=""
 for p in $packages; do
   dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"

@@ -339,6 +339,55 @@ TEST(SparseLayoutValidation, MalformedLayoutsAreInvalidArguments) {
   EXPECT_EQ(validate(p).code(), StatusCode::kInvalidArgument);
 }
 
+// Found by tests/fuzz/layout_fuzz: each of these read past an array or allocated from an
+// unchecked length before the fixes in validate.cc; each is now a Status naming the defect.
+TEST(SparseLayoutValidation, LayoutsTheFuzzerFoundAreInvalidArguments) {
+  auto pr = make_problem<float>(1, 2, 40, 70, 4, 4, Layout::kContiguous, 5);
+  auto out = make_tensor<float>({1, 2, 40, 4}, Layout::kContiguous);
+  std::vector<float> lse(80);
+  AttentionParams p = forward_params(pr, out, lse);
+  auto expect_refused = [&](const SparseLayout& view, const char* message) {
+    p.layout = &view;
+    const Status s = validate(p);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << message;
+    EXPECT_NE(s.message().find(message), std::string::npos) << s.message();
+  };
+  {
+    // A length no tile range can hold: refused before a per-row array of that length is made.
+    RandomLayout l(2, 40, 70, 1, 16, 5);
+    p.len_q = std::int64_t{1} << 50;
+    expect_refused(l.view, "query tiles of 16 rows cannot hold");
+    p.len_q = 40;
+  }
+  {
+    RandomLayout l(2, 40, 70, 1, 16, 5);
+    l.view.q_rows = nullptr;
+    expect_refused(l.view, "query rows are null");
+    l.view.q_rows = l.q_rows.data();
+    l.view.k_rows = nullptr;
+    expect_refused(l.view, "key rows are null");
+  }
+  for (const bool forward : {true, false}) {
+    RandomLayout l(2, 40, 70, 1, 16, 5);
+    (forward ? l.view.fwd_k_tile : l.view.bwd_q_tile) = nullptr;
+    expect_refused(l.view, "a visit array is null");
+  }
+  {
+    // Two layouts whose second range runs backwards: every range is checked before the rows
+    // of the first are read, so the rows array is not walked to a range end past its length.
+    RandomLayout l(2, 40, 70, 2, 16, 5);
+    std::vector<std::int64_t> begins = l.q_begin;
+    begins[2] = begins[1] - 1;
+    l.view.q_tile_begin = begins.data();
+    expect_refused(l.view, "query tile ranges must not decrease");
+    std::vector<std::int64_t> visits = l.fwd_begin;
+    visits[1] = visits.back() + 1000;
+    l.view.q_tile_begin = l.q_begin.data();
+    l.view.fwd_begin = visits.data();
+    expect_refused(l.view, "visit offsets must not decrease");
+  }
+}
+
 }  // namespace
 }  // namespace testing
 }  // namespace attn2d

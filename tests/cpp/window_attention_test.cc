@@ -353,6 +353,25 @@ TEST(WindowValidation, MalformedWindowsAreInvalidArguments) {
   EXPECT_EQ(validate(bp).code(), StatusCode::kInvalidArgument) << "backward, duplicate offset";
 }
 
+// Found by tests/fuzz/window_fuzz: a grid whose pixel count overflows int64 when the kernels
+// size their packed rows (and height * width before that) is refused, naming the limit.
+TEST(WindowValidation, GridsPastTwoToTheThirtyOnePixelsAreInvalidArguments) {
+  auto pr = make_problem<float>(1, 1, 20, 20, 4, 4, Layout::kContiguous, 9);
+  auto out = make_tensor<float>({1, 1, 20, 4}, Layout::kContiguous);
+  std::vector<float> lse(20);
+  AttentionParams p = forward_params(pr, out, lse);
+  std::vector<std::int32_t> dr{0}, dc{0};
+  for (const std::int64_t side : {std::int64_t{1} << 16, std::int64_t{1} << 32}) {
+    WindowOffsets huge{side, side, 1, dr.data(), dc.data()};
+    p.window = &huge;
+    p.len_q = p.len_k = side * 20;  // anything: the grid is refused first
+    const Status s = validate(p);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << side;
+    EXPECT_NE(s.message().find("height * width must be at most 2147483647"), std::string::npos)
+        << s.message();
+  }
+}
+
 }  // namespace
 }  // namespace testing
 }  // namespace attn2d
