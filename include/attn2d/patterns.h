@@ -32,7 +32,7 @@ inline constexpr std::int64_t kPatternBlockQ = 64;
 inline constexpr std::int64_t kPatternBlockK = 64;
 
 // The block-sparse layout of a pattern, owning its arrays (the order and element types of the
-// 12 tensors the Python package hands the binding's make_layout). view() lends them to the
+// 12 tensors binding/torch_patterns.cc returns to attn2d.patterns). view() lends them to the
 // kernels as a SparseLayout; it stays valid while this object lives and is not modified.
 struct CompiledLayout {
   std::int64_t block_q = kPatternBlockQ;
@@ -100,20 +100,19 @@ struct Window {
   Status dense_mask(GridShape q_hw, GridShape kv_hw, std::int64_t heads,
                     std::vector<std::uint8_t>* mask) const;
 
-  // The block-sparse layout (attn2d/_layout.py's build): 8-pixel-wide blocks of 64 pixels on
-  // both grids, one layout shared by every head.
+  // The block-sparse layout: 8-pixel-wide blocks of 64 pixels on both grids, one layout
+  // shared by every head.
   Status compile(GridShape q_hw, GridShape kv_hw, std::int64_t heads,
                  CompiledLayout* layout) const;
 
-  // The window as raster offsets (_layout.window_offsets_on_grid): set only for a clip window
-  // with queries and keys on one grid, else nullopt (pooled keys have no fixed raster
-  // distance, a shifted window moves near the border). Offsets outside the map for every query
-  // are dropped.
+  // The window as raster offsets: set only for a clip window with queries and keys on one
+  // grid, else nullopt (pooled keys have no fixed raster distance, a shifted window moves near
+  // the border). Offsets outside the map for every query are dropped.
   Status offsets_on_grid(GridShape q_hw, GridShape kv_hw,
                          std::optional<CompiledWindowOffsets>* offsets) const;
 
-  // offsets_on_grid where the window kernels serve it (_layout.window_offsets), else nullopt:
-  // the kernel chooser's rule (window_kernel_refusal in attn2d/kernel_choice.h).
+  // offsets_on_grid where the window kernels serve it, else nullopt: the kernel chooser's rule
+  // (window_kernel_refusal in attn2d/kernel_choice.h).
   Status kernel_offsets(GridShape q_hw, GridShape kv_hw,
                         std::optional<CompiledWindowOffsets>* offsets) const;
 };
@@ -154,8 +153,8 @@ struct YLG {
   Status dense_mask(GridShape q_hw, GridShape kv_hw, std::int64_t heads,
                     std::vector<std::uint8_t>* mask) const;
 
-  // The block-sparse layout (attn2d/_layout.py's build): one layout per distinct kind, in the
-  // order the heads first use them.
+  // The block-sparse layout: one layout per distinct kind, in the order the heads first use
+  // them.
   Status compile(GridShape q_hw, GridShape kv_hw, std::int64_t heads,
                  CompiledLayout* layout) const;
 };

@@ -1,8 +1,9 @@
 // A pattern (local window, YLG, ...) as the CPU kernels consume it: a block-sparse, gathered
 // tiling. Query tiles and key tiles are lists of raster rows; each query tile visits a list of
 // key tiles, each key tile is visited by a list of query tiles (the backward walks those), and a
-// visit either allows every pair or carries a bit mask of the allowed ones. Built and cached by
-// the Python package (attn2d/_layout.py); validated by attn2d::validate.
+// visit either allows every pair or carries a bit mask of the allowed ones. Compiled from a
+// pattern by attn2d/patterns.h (the Python package caches it per pattern, grids and heads);
+// validated by attn2d::validate.
 #pragma once
 
 #include <cstdint>

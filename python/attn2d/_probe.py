@@ -103,9 +103,9 @@ def _attention_case(case):
         q5, k5, v5 = (t.detach().unflatten(2, hw).requires_grad_(backward)
                       for t, hw in ((q, q_hw), (k, kv_hw), (v, kv_hw)))
         if pattern is not None:  # the cached layout is part of the set-up, not the run
-            from attn2d import _layout
+            from attn2d import _compiled_layout
 
-            _layout.build(pattern, q_hw, kv_hw, H)
+            _compiled_layout.build(pattern, q_hw, kv_hw, H)
         grad = grad.unflatten(2, q_hw)
         return ((lambda: attn2d.attention2d(q5, k5, v5, pattern=pattern, scale=scale)), grad,
                 [q5, k5, v5])

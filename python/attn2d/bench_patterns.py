@@ -24,7 +24,7 @@ from typing import Callable, Optional
 
 import torch
 
-from . import _layout
+from . import _compiled_layout
 from .bench import _check_run_args, paired_runs, paired_speedup, time_training_steps
 from .memory import available_memory_bytes, format_bytes, measure
 from .peers import DENSE_MASKED, FLEX_MASKED, dense_masked_math
@@ -134,7 +134,7 @@ def _mask_mod(case: PatternCase, device="cpu"):
         def window_mod(b, h, q_idx, kv_idx):
             ci, cj = centre(q_idx)
             dr, dc = kv_idx // wk - ci, kv_idx % wk - cj
-            di, dj = dr // d, dc // d  # floor division, as in Window.allowed_rows
+            di, dj = dr // d, dc // d  # floor division: offsets in dilation steps
             ok = (dr % d == 0) & (dc % d == 0) & (di >= lo) & (di < lo + k) & (dj >= lo) & (dj < lo + k)
             if p.metric == "manhattan":
                 ok = ok & (di.abs() + dj.abs() <= r)
@@ -143,7 +143,7 @@ def _mask_mod(case: PatternCase, device="cpu"):
             return ok
 
         def shifted_start(c, length):
-            # Window._shifted_starts: the window slides inside the map within c's residue class.
+            # border="shift": the window slides inside the map within c's residue class.
             group = c % d
             count = (length - group + d - 1) // d
             t = (c - group) // d + lo
@@ -159,8 +159,19 @@ def _mask_mod(case: PatternCase, device="cpu"):
         return window_mod if p.border == "clip" else shifted_mod
     n = hk * wk
     l = max(math.isqrt(n), 1)
-    rank = P.manhattan_order(case.kv_hw).to(device)
-    qpos = p.query_positions(case.q_hw, case.kv_hw).to(device)
+    # YLG's enumeration: key cells ordered by i + j, ties by smaller i; rank[raster] -> position.
+    cells = sorted((i + j, i, i * wk + j) for i in range(hk) for j in range(wk))
+    rank = torch.empty(n, dtype=torch.long)
+    rank[torch.tensor([raster for _, _, raster in cells])] = torch.arange(n)
+    # The pattern row of each query: its raster index mod n ("official"), or the position of
+    # the key cell it is centred at ("geometric").
+    if p.mapping == "official":
+        qpos = rank[torch.arange(hq * wq) % n]
+    else:
+        rows = (torch.arange(hq) * hk) // hq
+        cols = (torch.arange(wq) * wk) // wq
+        qpos = rank[(rows[:, None] * wk + cols[None, :]).flatten()]
+    rank, qpos = rank.to(device), qpos.to(device)
     kinds = torch.tensor([P.YLG_PATTERNS.index(kind) for kind in p.patterns], device=device)
 
     def ylg_mod(b, h, q_idx, kv_idx):
@@ -208,10 +219,10 @@ def run_case(case: PatternCase, reps: int, with_memory: bool, with_flex: bool,
     v = torch.randn(B, H, *case.kv_hw, case.Ev, generator=gen)
     n, m = case.q_hw[0] * case.q_hw[1], case.kv_hw[0] * case.kv_hw[1]
     t0 = time.perf_counter()
-    layout = _layout.build(case.pattern, case.q_hw, case.kv_hw, H)
+    layout = _compiled_layout.build(case.pattern, case.q_hw, case.kv_hw, H)
     build_s = time.perf_counter() - t0
-    visited = B * _layout.kernel_visited_pairs(case.pattern, case.q_hw, case.kv_hw, layout)
-    allowed = B * _layout.allowed_pairs(layout)
+    visited = B * _compiled_layout.kernel_visited_pairs(case.pattern, case.q_hw, case.kv_hw, layout)
+    allowed = B * _compiled_layout.allowed_pairs(layout)
     results = {}
     # The pattern and the global kernel interleaved (bench.time_training_steps): the per-pair
     # ratios are the target, and timed minutes apart they would carry the machine's drift. Each

@@ -95,8 +95,9 @@ def window_groups(q: torch.Tensor, k: torch.Tensor, offsets: torch.Tensor, heigh
 
 
 def layout_groups(q: torch.Tensor, k: torch.Tensor, layout) -> Iterator[RowGroup]:
-    """Row groups of a compiled pattern layout (attn2d/_layout.py): for each of its kinds, the
-    heads that use it and groups of its query tiles, with the pairs its visits allow."""
+    """Row groups of a compiled pattern layout (attn2d/_compiled_layout.py): for each of its
+    kinds, the heads that use it and groups of its query tiles, with the pairs its visits
+    allow."""
     head_layout, q_begin, _, q_tiles, k_tiles, visit_begin, visit_tile, visit_mask = layout[:8]
     masks = layout[11]
     B, H, _, _ = q.shape

@@ -117,7 +117,7 @@ def explain(
     q, k, v = _autocast_inputs(q, k, v)
     if not isinstance(is_causal, bool):
         raise TypeError(f"{fn}: is_causal must be a bool; got {type(is_causal).__name__}")
-    from . import _layout
+    from . import _compiled_layout
 
     layout = offsets = None
     height = width = 0
@@ -132,7 +132,7 @@ def explain(
         grid_pattern = (pattern, r.q_hw, r.kv_hw) if pattern is not None else None
         if layout is not None:
             # A clip window on one grid that the window kernels refused: the chooser says why.
-            offsets = _layout.window_offsets_on_grid(pattern, r.q_hw, r.kv_hw)
+            offsets = _compiled_layout.window_offsets_on_grid(pattern, r.q_hw, r.kv_hw)
     elif pattern is not None:
         raise ValueError(f"{fn}: a pattern needs 5-D grids q (B, heads, Hq, Wq, E), k and v; "
                          f"got q of shape {tuple(getattr(q, 'shape', ()))}")
@@ -143,8 +143,8 @@ def explain(
     if choice.backend != "cpu":
         sparse = None
         if grid_pattern is not None:
-            sparse = _layout.build(grid_pattern[0], grid_pattern[1], grid_pattern[2], q.shape[1])
+            sparse = _compiled_layout.build(grid_pattern[0], grid_pattern[1], grid_pattern[2], q.shape[1])
         return Explanation(*_gpu_reports(choice, q, k, sparse), choice)
     fields = torch.ops.attn2d.explain(q, k, v, attn_mask, is_causal, layout or [],
-                                      _layout.BLOCK_Q, offsets, height, width, scale)
+                                      _compiled_layout.BLOCK_Q, offsets, height, width, scale)
     return Explanation(_report(fields, "forward"), _report(fields, "backward"), choice)

@@ -96,9 +96,9 @@ def _check_grid_tensor(fn: str, name: str, t: object, what: str) -> torch.Tensor
 # constants of the graph.
 @torch.compiler.assume_constant_result
 def _sparse_layout(pattern, q_hw, kv_hw, heads):
-    from . import _layout
+    from . import _compiled_layout
 
-    return list(_layout.build(pattern, q_hw, kv_hw, heads))
+    return list(_compiled_layout.build(pattern, q_hw, kv_hw, heads))
 
 
 @torch.compiler.assume_constant_result
@@ -117,9 +117,9 @@ def _device_layout_programs(pattern, q_hw, kv_hw, heads, device):
 
 @torch.compiler.assume_constant_result
 def _window_offsets(pattern, q_hw, kv_hw):
-    from . import _layout
+    from . import _compiled_layout
 
-    return _layout.window_offsets(pattern, q_hw, kv_hw)
+    return _compiled_layout.window_offsets(pattern, q_hw, kv_hw)
 
 
 class _Resolved(NamedTuple):
@@ -197,8 +197,8 @@ def attention2d(
         out = torch.ops.attn2d.attention2d_window_forward(r.q, r.k, r.v, r.offsets, *r.q_hw,
                                                           r.scale)[0]
     else:
-        from . import _layout
+        from . import _compiled_layout
 
-        out = torch.ops.attn2d.attention2d_forward(r.q, r.k, r.v, r.layout, _layout.BLOCK_Q,
+        out = torch.ops.attn2d.attention2d_forward(r.q, r.k, r.v, r.layout, _compiled_layout.BLOCK_Q,
                                                    r.scale)[0]
     return out.unflatten(2, r.q_hw)

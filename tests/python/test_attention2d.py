@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import attn2d
-from attn2d import _layout
+from attn2d import _compiled_layout
 from attn2d.patterns import YLG, YLG_PATTERNS, Window
 from reference import (assert_within_rule, max_err, naive_attention, random_sweep_tests,
                        tolerance)
@@ -231,8 +231,8 @@ def test_deterministic_and_visits_few_tiles():
     a = attn2d.attention2d(q, k, v, pattern=pattern)
     b = attn2d.attention2d(q, k, v, pattern=pattern)
     assert torch.equal(a, b)
-    layout = _layout.build(pattern, (48, 48), (48, 48), 1)
-    visited = _layout.visited_pairs(layout)
+    layout = _compiled_layout.build(pattern, (48, 48), (48, 48), 1)
+    visited = _compiled_layout.visited_pairs(layout)
     allowed = int(pattern.dense_mask((48, 48), (48, 48), 1).sum())
     # An 8x8 query tile's 7x7 windows span 14x14 keys: at most 3x3 key tiles of 8x8.
     assert allowed <= visited <= 48 * 48 * 9 * 64
@@ -246,10 +246,10 @@ def test_ylg_floor_visits_reach_only_the_keys_they_need(kind):
     # laid out so that part leads the key tile, its visit reaches 16, 32, 48 or 64 columns, 40
     # a query on average (rtl-floor's keys in ascending order would reach 32 or 64: 48).
     pattern = YLG(1, patterns=[kind])
-    layout = _layout.build(pattern, (64, 64), (32, 32), 1)
-    assert _layout.visited_pairs(layout) == 40 * 64 * 64
+    layout = _compiled_layout.build(pattern, (64, 64), (32, 32), 1)
+    assert _compiled_layout.visited_pairs(layout) == 40 * 64 * 64
     allowed = int(pattern.dense_mask((64, 64), (32, 32)).sum())
-    assert _layout.allowed_pairs(layout) == allowed
+    assert _compiled_layout.allowed_pairs(layout) == allowed
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(1, 1, *hw, 5, dtype=torch.float64, generator=g)
                for hw in ((64, 64), (32, 32), (32, 32)))
@@ -267,14 +267,14 @@ def test_ylg_repetitive_tiles_are_raster_runs_with_one_own_key_a_query(kind, map
     # its own key only, so the kernel computes exactly the allowed pairs.
     pattern = YLG(1, patterns=[kind], mapping=mapping)
     q_hw, kv_hw = (40, 24), (20, 12)
-    layout = _layout.build(pattern, q_hw, kv_hw, 1)
+    layout = _compiled_layout.build(pattern, q_hw, kv_hw, 1)
     q_rows = layout[3]
     rows = q_rows[q_rows >= 0]
     assert torch.equal(rows, torch.arange(40 * 24, dtype=rows.dtype))
     assert bool((q_rows >= 0).all())  # 960 queries: 15 full tiles
     allowed = int(pattern.dense_mask(q_hw, kv_hw).sum())
-    assert _layout.allowed_pairs(layout) == allowed
-    assert _layout.visited_pairs(layout) == allowed
+    assert _compiled_layout.allowed_pairs(layout) == allowed
+    assert _compiled_layout.visited_pairs(layout) == allowed
     g = torch.Generator().manual_seed(4)
     q, k, v = (torch.randn(2, 1, *hw, 5, dtype=torch.float64, generator=g)
                for hw in (q_hw, kv_hw, kv_hw))
@@ -286,50 +286,50 @@ def test_ylg_repetitive_tiles_are_raster_runs_with_one_own_key_a_query(kind, map
 
 def test_raw_op_refuses_a_malformed_layout():
     pattern = Window(3)
-    layout = list(_layout.build(pattern, (6, 6), (6, 6), 1))
+    layout = list(_compiled_layout.build(pattern, (6, 6), (6, 6), 1))
     q, k, v = (torch.randn(1, 1, 36, 4) for _ in range(3))
     bad = [t.clone() for t in layout]
     bad[4][0, 0] = 999  # a key row out of range
     with pytest.raises(ValueError, match="layout"):
-        torch.ops.attn2d.attention2d_forward(q, k, v, bad, _layout.BLOCK_Q, 0.5)
+        torch.ops.attn2d.attention2d_forward(q, k, v, bad, _compiled_layout.BLOCK_Q, 0.5)
     bad = [t.clone() for t in layout]
     bad[10][0] = 5 if bad[10].numel() and bad[10][0] < 0 else -1  # backward lists disagree
     with pytest.raises(ValueError, match="layout"):
-        torch.ops.attn2d.attention2d_forward(q, k, v, bad, _layout.BLOCK_Q, 0.5)
+        torch.ops.attn2d.attention2d_forward(q, k, v, bad, _compiled_layout.BLOCK_Q, 0.5)
     with pytest.raises(ValueError, match="heads"):
         torch.ops.attn2d.attention2d_forward(torch.randn(1, 2, 36, 4), torch.randn(1, 2, 36, 4),
                                              torch.randn(1, 2, 36, 4), layout, 64, 0.5)
 
 
 def test_window_kernel_takes_clip_windows_on_one_grid():
-    offsets = _layout.window_offsets(Window(3, "manhattan", 2), (9, 9), (9, 9))
+    offsets = _compiled_layout.window_offsets(Window(3, "manhattan", 2), (9, 9), (9, 9))
     assert sorted(map(tuple, offsets.t().tolist())) == [(-2, 0), (0, -2), (0, 0), (0, 2), (2, 0)]
-    assert _layout.window_offsets(Window(5), (1, 29), (1, 29)).shape == (2, 5)  # rows clipped
+    assert _compiled_layout.window_offsets(Window(5), (1, 29), (1, 29)).shape == (2, 5)  # rows clipped
     # The tiled kernel serves the rest: pooled keys, shifted windows, YLG, and windows whose
     # offsets mostly fall outside the map (7x11 under an 11x11 window: 2.2x the allowed pairs).
-    assert _layout.window_offsets(Window(5), (14, 10), (7, 5)) is None
-    assert _layout.window_offsets(Window(5, border="shift"), (13, 13), (13, 13)) is None
-    assert _layout.window_offsets(YLG(8), (8, 8), (8, 8)) is None
-    assert _layout.window_offsets(Window(11), (7, 11), (7, 11)) is None
+    assert _compiled_layout.window_offsets(Window(5), (14, 10), (7, 5)) is None
+    assert _compiled_layout.window_offsets(Window(5, border="shift"), (13, 13), (13, 13)) is None
+    assert _compiled_layout.window_offsets(YLG(8), (8, 8), (8, 8)) is None
+    assert _compiled_layout.window_offsets(Window(11), (7, 11), (7, 11)) is None
 
 
 @pytest.mark.parametrize("pattern,hw", [(Window(9, "euclidean"), (37, 41)),
                                         (Window(6, dilation=3), (23, 16)),
                                         (Window(15, "manhattan"), (3, 64))], ids=str)
 def test_window_kernel_float32_and_agrees_with_the_tiled_kernel(pattern, hw):
-    assert _layout.window_offsets(pattern, hw, hw) is not None
+    assert _compiled_layout.window_offsets(pattern, hw, hw) is not None
     run_both(pattern, hw, hw, 3, dtype=torch.float32, E=20, Ev=24)
     # NCHW-like views (last-dim stride H*W) straight into both kernels, forward and backward.
     q, k, v, g = (torch.randn(2, 3, 20, hw[0] * hw[1]).transpose(2, 3) for _ in range(4))
-    layout = list(_layout.build(pattern, hw, hw, 3))
-    offsets = _layout.window_offsets(pattern, hw, hw)
+    layout = list(_compiled_layout.build(pattern, hw, hw, 3))
+    offsets = _compiled_layout.window_offsets(pattern, hw, hw)
     out_w, lse_w, _ = torch.ops.attn2d.attention2d_window_forward(q, k, v, offsets, *hw, 0.3)
-    out_t, lse_t, _ = torch.ops.attn2d.attention2d_forward(q, k, v, layout, _layout.BLOCK_Q, 0.3)
+    out_t, lse_t, _ = torch.ops.attn2d.attention2d_forward(q, k, v, layout, _compiled_layout.BLOCK_Q, 0.3)
     assert max_err(out_w, out_t) < 1e-5 and max_err(lse_w, lse_t) < 1e-5
     grads_w = torch.ops.attn2d.attention2d_window_backward(g, q, k, v, out_w, lse_w, offsets, *hw,
                                                            0.3)
     grads_t = torch.ops.attn2d.attention2d_backward(g, q, k, v, out_t, lse_t, layout,
-                                                    _layout.BLOCK_Q, 0.3)
+                                                    _compiled_layout.BLOCK_Q, 0.3)
     for a, b in zip(grads_w, grads_t):
         assert max_err(a, b) < 1e-4
 
@@ -338,10 +338,10 @@ def test_window_kernel_gradcheck_and_opcheck():
     pattern = Window(3, "manhattan")
     q, k, v = (torch.randn(1, 2, 5, 6, 3, dtype=torch.float64, requires_grad=True)
                for _ in range(3))
-    assert _layout.window_offsets(pattern, (5, 6), (5, 6)) is not None
+    assert _compiled_layout.window_offsets(pattern, (5, 6), (5, 6)) is not None
     assert torch.autograd.gradcheck(lambda a, b, c: attn2d.attention2d(a, b, c, pattern=pattern),
                                     (q, k, v))
-    offsets = _layout.window_offsets(pattern, (5, 6), (5, 6))
+    offsets = _compiled_layout.window_offsets(pattern, (5, 6), (5, 6))
     q4, k4, v4 = (t.detach().flatten(2, 3) for t in (q, k, v))
     args = (q4, k4, v4, offsets, 5, 6, 0.5)
     torch.library.opcheck(torch.ops.attn2d.attention2d_window_forward.default, args)
@@ -353,7 +353,7 @@ def test_window_kernel_gradcheck_and_opcheck():
 def test_raw_window_op_refuses_bad_offsets():
     pattern = Window(3)
     q, k, v = (torch.randn(1, 1, 36, 4) for _ in range(3))
-    good = _layout.window_offsets(pattern, (6, 6), (6, 6))
+    good = _compiled_layout.window_offsets(pattern, (6, 6), (6, 6))
     out, lse, _ = torch.ops.attn2d.attention2d_window_forward(q, k, v, good, 6, 6, 0.5)
     for bad, match in [(good.long(), "int32"), (good.t().contiguous(), r"\(2, count\)"),
                        (torch.tensor([[0, 0], [1, 1]], dtype=torch.int32), "distinct"),

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import attn2d
-from attn2d import _layout
+from attn2d import _compiled_layout
 from attn2d.patterns import YLG, Window
 
 
@@ -134,8 +134,8 @@ def test_window_past_twice_the_allowed_pairs_runs_on_tiles():
     x = attn2d.explain(*grids(5, 23), pattern=Window(11))
     assert x.forward.kernel == "query_lanes" and x.backward.kernel == "sparse_tiles"
     assert "2.04x the allowed pairs" in refused(x.forward)["window"]
-    assert _layout.window_offsets(Window(11), (5, 23), (5, 23)) is None
-    assert _layout.window_offsets(Window(9), (5, 23), (5, 23)) is not None
+    assert _compiled_layout.window_offsets(Window(11), (5, 23), (5, 23)) is None
+    assert _compiled_layout.window_offsets(Window(9), (5, 23), (5, 23)) is not None
 
 
 def test_float64_window_runs_on_window_kernels():

@@ -80,25 +80,25 @@ def test_torch_compile_fullgraph_forward_and_backward(pattern):
 
 
 def test_opcheck_sparse_layout_forward():
-    from attn2d import _layout
+    from attn2d import _compiled_layout
 
     q, k, v = (torch.randn(1, 2, 36, 8, requires_grad=True) for _ in range(3))
-    layout = list(_layout.build(YLG(2), (6, 6), (6, 6), 2))
+    layout = list(_compiled_layout.build(YLG(2), (6, 6), (6, 6), 2))
     torch.library.opcheck(torch.ops.attn2d.attention2d_forward.default,
-                          (q, k, v, layout, _layout.BLOCK_Q, 0.35))
+                          (q, k, v, layout, _compiled_layout.BLOCK_Q, 0.35))
 
 
 def test_raw_sparse_op_checks_the_layout():
     """The layout is a list of tensors anyone can pass to torch.ops.attn2d.attention2d_forward:
     wrong count, dtype or sizes must raise, not read past the end of a tensor."""
-    from attn2d import _layout
+    from attn2d import _compiled_layout
 
     q, k, v = (torch.randn(1, 2, 36, 8) for _ in range(3))
-    good = list(_layout.build(YLG(2), (6, 6), (6, 6), 2))
+    good = list(_compiled_layout.build(YLG(2), (6, 6), (6, 6), 2))
     op = torch.ops.attn2d.attention2d_forward
 
     def run(layout):
-        return op(q, k, v, layout, _layout.BLOCK_Q, 0.35)
+        return op(q, k, v, layout, _compiled_layout.BLOCK_Q, 0.35)
 
     run(good)
     with pytest.raises(ValueError, match="must hold"):

@@ -7,7 +7,7 @@ One set of kernels serves both shapes of work:
 - dense (HAS_LAYOUT=False): tiles are runs of BLOCK_M queries and BLOCK_N keys; a bool or
   additive mask read through its strides (0 where it broadcasts) and is_causal restrict pairs;
 - block-sparse (HAS_LAYOUT=True): tiles are the rows of a compiled pattern layout
-  (attn2d/_layout.py, the one the CPU kernels walk): each tile lists its raster rows, each
+  (attn2d/_compiled_layout.py, the one the CPU kernels walk): each tile lists its raster rows, each
   query tile its visited key tiles and each key tile its visiting query tiles, and a visit
   either allows every pair or carries one 64-bit mask word per query row.
 

@@ -51,11 +51,11 @@ class DeviceLayout(NamedTuple):
 @functools.lru_cache(maxsize=64)
 def device_layout(pattern, q_hw: tuple, kv_hw: tuple, heads: int,
                   device: torch.device) -> DeviceLayout:
-    """A pattern's compiled layout (attn2d._layout.build) on `device`, built and copied once
+    """A pattern's compiled layout (attn2d._compiled_layout.build) on `device`, built and copied once
     per (pattern, grids, heads, device)."""
-    from .. import _layout
+    from .. import _compiled_layout
 
-    layout = _layout.build(pattern, q_hw, kv_hw, heads)
+    layout = _compiled_layout.build(pattern, q_hw, kv_hw, heads)
     programs = [int(layout[1].diff().max()), int(layout[2].diff().max())]
     return DeviceLayout([t.to(device) for t in layout], programs)
 
