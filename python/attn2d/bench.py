@@ -27,6 +27,7 @@ from typing import Callable, Optional
 
 import torch
 
+from ._machine import cpu_name
 from .memory import format_bytes, measure
 from .peers import PEERS
 
@@ -479,8 +480,6 @@ def run(out_dir: str = "attn2d-report", *, cases: Optional[list[Case]] = None, r
         peers: Optional[list[str]] = None, with_memory: bool = True,
         thread_scaling: bool = False, paired_seconds: float = PAIRED_SECONDS,
         log: Callable[[str], None] = print) -> dict:
-    import platform
-
     import attn2d
 
     from . import _tools
@@ -498,7 +497,7 @@ def run(out_dir: str = "attn2d-report", *, cases: Optional[list[Case]] = None, r
     probes = [float(torch.ops.attn2d.fma_peak_gflops(0.2)) for _ in range(5)]
     peak = max(probes)
     report = {
-        "machine": f"{platform.processor() or platform.machine()}, attn2d on "
+        "machine": f"{cpu_name()}, attn2d on "
                    f"{attn2d.cpu_simd_target()} (bf16 on {attn2d.bf16_products()} products), "
                    f"torch {torch.__version__}",
         "threads": torch.get_num_threads(),

@@ -27,7 +27,6 @@ import dataclasses
 import json
 import math
 import os
-import platform
 import statistics
 import time
 import warnings
@@ -501,7 +500,9 @@ def device_description(device: torch.device) -> tuple[str, str]:
     except ImportError:
         versions = f"torch {torch.__version__}, no triton"
     if device.type != "cuda":
-        name = f"CPU ({platform.processor() or platform.machine()})"
+        from ._machine import cpu_name
+
+        name = f"CPU: {cpu_name()}"
         return name, f"{name}, {torch.get_num_threads()} threads, {versions}"
     props = torch.cuda.get_device_properties(device)
     name = torch.cuda.get_device_name(device)

@@ -122,21 +122,12 @@ def run(resolutions=(64, 128), channels: int = 64, reps: int = 5,
 
 
 def machine_name() -> str:
-    """The CPU's model name (/proc/cpuinfo) or the platform's, and the kernels' SIMD target."""
-    import platform
-
+    """The CPU (attn2d._machine.cpu_name) and the kernels' SIMD target."""
     import attn2d
 
-    name = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    name = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return f"{name} ({attn2d.cpu_simd_target()} kernels)"
+    from ._machine import cpu_name
+
+    return f"{cpu_name()}, {attn2d.cpu_simd_target()} kernels"
 
 
 def write(out_dir: str, rows: list[dict]) -> str:

@@ -427,13 +427,13 @@ def _markdown(report: dict) -> str:
 def run(out_dir: str = "attn2d-report", *, cases: Optional[list[PatternCase]] = None,
         reps: int = 5, with_memory: bool = True, with_flex: bool = True,
         paired_seconds: float = PAIRED_SECONDS, log: Callable[[str], None] = print) -> dict:
-    import platform
-
     import attn2d
+
+    from ._machine import cpu_name
 
     _check_run_args(reps, paired_seconds)
     cases = default_cases() if cases is None else cases
-    report = {"machine": f"{platform.machine()}, attn2d on {attn2d.cpu_simd_target()}, "
+    report = {"machine": f"{cpu_name()}, attn2d on {attn2d.cpu_simd_target()}, "
                          f"torch {torch.__version__}",
               "threads": torch.get_num_threads(), "reps": reps,
               "paired_seconds": paired_seconds, "ratios": RATIOS, "cases": []}

@@ -985,3 +985,23 @@ def test_gpu_bench_ratios_are_paired(monkeypatch):
                        results["peer"][f"over_attn2d_{key}"])
     assert "over_attn2d_forward" not in results["attn2d"] and results["refused"] == {
         "refused": "no"}
+
+
+def test_reports_name_the_cpu_model_its_numbers_and_instruction_sets():
+    from attn2d._machine import cpu_name
+
+    cpuinfo = ("processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\n"
+               "model name\t: Intel(R) Xeon(R) Platinum 8480+\n"
+               "flags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16\n\n"
+               "processor\t: 1\nmodel name\t: another\n")
+    name = cpu_name(cpuinfo)
+    assert name.startswith("Intel(R) Xeon(R) Platinum 8480+ (family 6, model 143; "
+                           "AVX-512, AVX512-BF16, AMX; ")
+    assert name.endswith(" CPUs)")
+    assert "AVX512-FP16" not in name and "another" not in name
+    # This machine's: its model name from /proc/cpuinfo, not only "x86_64".
+    with open("/proc/cpuinfo") as f:
+        model = next((line.split(":", 1)[1].strip() for line in f
+                      if line.startswith("model name")), None)
+    if model:
+        assert cpu_name().startswith(model + " (")
