@@ -23,9 +23,9 @@ BLOCK_K = 64  # keys per key tile: one mask word per query row
 
 
 def _check_pattern(pattern) -> None:
-    if not isinstance(pattern, (P.Window, P.YLG)):
-        raise TypeError("attn2d.patterns: a pattern must be attn2d.patterns.Window or "
-                        f"attn2d.patterns.YLG; got {type(pattern).__name__}")
+    if not isinstance(pattern, P.Pattern):
+        raise TypeError("attn2d.patterns: a pattern must be an attn2d.patterns pattern; got "
+                        f"{type(pattern).__name__}")
 
 
 @functools.lru_cache(maxsize=32)
@@ -112,9 +112,9 @@ def allowed_pairs(layout) -> int:
     count every valid pair, masked ones their set bits."""
 
     def per_visit(q_count, k_count, fwd_mask, masks):
-        bits = torch.zeros(masks.shape[0], dtype=torch.int64)
-        if masks.numel():
-            bits = _mask_bits(masks).sum((1, 2))
+        if not masks.numel():  # every visit allows all its pairs
+            return q_count * k_count
+        bits = _mask_bits(masks).sum((1, 2))
         return torch.where(fwd_mask < 0, q_count * k_count, bits[fwd_mask.clamp(min=0)])
 
     return _sum_over_visits(layout, per_visit)

@@ -109,14 +109,19 @@ def explain(
     pattern=None,
     scale: Optional[float] = None,
 ) -> Explanation:
-    """Which kernel attn2d.attention (4-D q, k, v) or attn2d.attention2d (5-D, with or without
-    a pattern) runs for these arguments, forward and backward, and why each other kernel
-    refused. ``print(attn2d.explain(...))`` reads as text; ``.forward.kernel`` and the other
-    fields serve programs. The inputs are checked as the call itself checks them."""
+    """Which kernel attn2d.attention (4-D q, k, v, with or without a pattern) or
+    attn2d.attention2d (5-D, with or without a pattern) runs for these arguments, forward and
+    backward, and why each other kernel refused. ``print(attn2d.explain(...))`` reads as text;
+    ``.forward.kernel`` and the other fields serve programs. The inputs are checked as the call
+    itself checks them."""
     fn = "attn2d.explain"
     q, k, v = _autocast_inputs(q, k, v)
     if not isinstance(is_causal, bool):
         raise TypeError(f"{fn}: is_causal must be a bool; got {type(is_causal).__name__}")
+    if (pattern is not None and isinstance(q, torch.Tensor) and q.dim() == 4
+            and attn_mask is None and not is_causal):
+        # attn2d.attention with a pattern: the sequences as 1 x L grids, as that call runs them.
+        q, k, v = (t.unsqueeze(2) if isinstance(t, torch.Tensor) else t for t in (q, k, v))
     from . import _compiled_layout
 
     layout = offsets = None
@@ -134,8 +139,9 @@ def explain(
             # A clip window on one grid that the window kernels refused: the chooser says why.
             offsets = _compiled_layout.window_offsets_on_grid(pattern, r.q_hw, r.kv_hw)
     elif pattern is not None:
-        raise ValueError(f"{fn}: a pattern needs 5-D grids q (B, heads, Hq, Wq, E), k and v; "
-                         f"got q of shape {tuple(getattr(q, 'shape', ()))}")
+        raise ValueError(f"{fn}: a pattern takes 4-D sequences (B, H, L, E) without attn_mask "
+                         "and is_causal, or 5-D grids (B, heads, H, W, E); got q of shape "
+                         f"{tuple(getattr(q, 'shape', ()))}")
     _checks.check_attention(fn, q, k, v, attn_mask)
     scale = _checks.resolve_scale(fn, scale, q.shape[-1])
     choice = backends.choose_backend(fn, q, k, v, attn_mask, is_causal,

@@ -56,6 +56,7 @@ def attention(
     attn_mask: Optional[torch.Tensor] = None,
     is_causal: bool = False,
     scale: Optional[float] = None,
+    pattern=None,
 ) -> torch.Tensor:
     """Exact softmax attention that never stores the Lq x Lk score matrix.
 
@@ -66,11 +67,27 @@ def attention(
     (top-left aligned) and may be combined with ``attn_mask``. E may differ from Ev and any
     strides are accepted without a copy. A query row with no allowed key gives 0 (and gradient 0).
 
+    ``pattern`` (attn2d.patterns: Window1D, Random, BlockMask, their unions and intersections,
+    or any pattern, reading the sequences as 1 x L grids) restricts each query to its keys and
+    computes only those pairs; it excludes ``attn_mask`` and ``is_causal`` (Window1D's causal
+    option is the causal window).
+
     Runs on CPU tensors (attn2d's C++ kernels) and CUDA tensors (attn2d's Triton kernels, or
     torch's SDPA where its flash or cuDNN kernel takes the call); attn2d.use_backend steers
     the choice and attn2d.explain reports it.
     """
     fn = "attn2d.attention"
+    if pattern is not None:
+        if attn_mask is not None or is_causal is not False:
+            raise ValueError(f"{fn}: pattern excludes attn_mask and is_causal (a causal window "
+                             "is Window1D(size, causal=True))")
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            _checks.check_tensor(fn, name, t)
+            if t.dim() != 4:
+                raise ValueError(f"{fn}: {name} must be 4-D (B, H, L, E) with a pattern; got "
+                                 f"shape {tuple(t.shape)}")
+        return _attention2d(fn, q.unsqueeze(2), k.unsqueeze(2), v.unsqueeze(2), pattern,
+                            scale).squeeze(2)
     q, k, v = _autocast_inputs(q, k, v)
     _checks.check_attention(fn, q, k, v, attn_mask)
     if not isinstance(is_causal, bool):
@@ -153,10 +170,10 @@ def _resolve_pattern(fn, q, k, v, pattern, scale) -> _Resolved:
         return _Resolved(q4, k4, v4, scale, None, None, q_hw, kv_hw)
     from . import patterns as _patterns
 
-    if not isinstance(pattern, (_patterns.Window, _patterns.YLG)):
+    if not isinstance(pattern, _patterns.Pattern):
         raise TypeError(
-            f"{fn}: pattern must be None, attn2d.patterns.Window or attn2d.patterns.YLG; "
-            f"got {type(pattern).__name__}"
+            f"{fn}: pattern must be None or an attn2d.patterns pattern (Window, YLG, Window1D, "
+            f"Random, BlockMask, Union, Intersection); got {type(pattern).__name__}"
         )
     pattern.check(q_hw, kv_hw, H)
     _checks.check_attention(fn, q4, k4, v4, None)
@@ -179,10 +196,15 @@ def attention2d(
 
     The key grid may be smaller than the query grid (pooled keys and values, as in SAGAN,
     BigGAN and YLG): query pixel (i, j) is centred at key pixel (i*Hk//Hq, j*Wk//Wq).
-    pattern=None is global attention; attn2d.patterns.Window and YLG restrict each query to
-    its pattern's keys (pattern.dense_mask shows which).
+    pattern=None is global attention; a pattern of attn2d.patterns (Window, YLG, the sequence
+    patterns read in raster order, and unions and intersections) restricts each query to its
+    keys (pattern.dense_mask shows which).
     """
-    fn = "attn2d.attention2d"
+    return _attention2d("attn2d.attention2d", q, k, v, pattern, scale)
+
+
+def _attention2d(fn: str, q, k, v, pattern, scale) -> torch.Tensor:
+    """attention2d, its errors naming `fn`."""
     q, k, v = _autocast_inputs(q, k, v)
     r = _resolve_pattern(fn, q, k, v, pattern, scale)
     if pattern is None:

@@ -195,6 +195,31 @@ def window_pattern_seed(q_hw=(8, 8), kv_hw=None, pooled=False, size_=3, metric=0
     return out + dense_tail(**tail)
 
 
+def window1d_part(size_=5, dilation=1, causal=False):
+    """draw_pattern's bytes for a Window1D."""
+    return bytes([2, size_ - 1, 0, dilation - 1, int(causal)])
+
+
+def random_part(per_row=1, block=8, seed=7, global_tokens=0):
+    return bytes([3, 0, per_row, 0, block - 1]) + struct.pack("<Q", seed) + bytes([0, global_tokens])
+
+
+def block_mask_part(block=(8, 8), rows=2, cols=2, bits=(1, 0, 1, 1)):
+    """A one-head BlockMask whose entries match its shape (rows and cols up to 7)."""
+    return bytes([4, 0, block[0] - 1, 0, block[1] - 1, 0, 0, rows, cols, 0]) + bytes(bits)
+
+
+def combination_part(parts, union=True):
+    return bytes([5, len(parts)]) + b"".join(parts) + bytes([int(union)])
+
+
+def sequence_pattern_seed(part, q_hw=(1, 16), heads=2, **tail):
+    """patterns_fuzz with an attn2d::Pattern (first byte 0x10): grids, the drawn pattern, heads,
+    then the run."""
+    out = bytes([0x10]) + pattern_grids(q_hw) + part + bytes([heads - 1])
+    return out + run_bits() + bytes([1, 1]) + dense_tail(**tail)
+
+
 def ylg_pattern_seed(q_hw=(8, 8), kv_hw=None, pooled=False, kinds=(0, 1, 2, 3), mapping=0,
                      with_heads=None, heads=None, **tail):
     """patterns_fuzz with a YLG: grids, kinds per head, mapping (or YLG::with_heads), heads."""
@@ -302,6 +327,15 @@ SEEDS = {
         "invalid_ylg_unknown_kind": ylg_pattern_seed(kinds=(0, 4), mapping=2),
         "invalid_ylg_heads_mismatch": ylg_pattern_seed(heads=3),
         "invalid_ylg_no_heads": ylg_pattern_seed(kinds=()),
+        "window1d_causal": sequence_pattern_seed(window1d_part(5, 2, True), q_hw=(1, 20)),
+        "random_with_global_tokens": sequence_pattern_seed(random_part(1, 4, 99, 2)),
+        "block_mask": sequence_pattern_seed(block_mask_part()),
+        "union_window1d_random": sequence_pattern_seed(
+            combination_part([window1d_part(3), random_part(1, 8, 3, 0)]), q_hw=(4, 8)),
+        "intersection_block_mask_window1d": sequence_pattern_seed(
+            combination_part([block_mask_part(), window1d_part(7)], union=False)),
+        "invalid_block_mask_shape": sequence_pattern_seed(block_mask_part(rows=3, cols=3)),
+        "invalid_empty_union": sequence_pattern_seed(combination_part([])),
     },
 }
 

@@ -1,7 +1,10 @@
-// libFuzzer target: the core's pattern compiler (attn2d/patterns.h). The input picks a Window
-// (size, metric, dilation, border, any of them out of range) or a YLG (kinds per head and a
-// mapping, unknown values included), a query grid, a key grid (pooled or not) and heads, and
-// calls every entry point: validate, dense_mask, compile, offsets_on_grid, kernel_offsets. Each
+// libFuzzer target: the core's pattern compiler (attn2d/patterns.h, attn2d/pattern.h). The input
+// picks a Window (size, metric, dilation, border, any of them out of range), a YLG (kinds per
+// head and a mapping, unknown values included) or, with bit 0x10 of its first byte, an
+// attn2d::Pattern: a Window1D, Random or BlockMask (sizes, seeds and mask shapes drawn wild) or a
+// union or intersection of drawn patterns; then a query grid, a key grid (pooled or not) and
+// heads, and calls every entry point: validate, dense_mask, compile, offsets_on_grid,
+// kernel_offsets. Each
 // must answer with a Status and agree with validate; where they succeed, the compiled layout
 // must pass attn2d::validate and allow exactly the dense mask's pairs, the offsets must pass it
 // and allow the same pairs, and, where small, the kernels run on the layout.
@@ -12,6 +15,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "attn2d/pattern.h"
 #include "attn2d/patterns.h"
 #include "fuzz_util.h"
 
@@ -146,6 +150,58 @@ void exercise(Input& in, const Pattern& pattern, GridShape q_hw, GridShape kv_hw
   if (dense_work(p) <= kMaxWork && in.flag()) DenseRun().run(in, p, in.flag(), false);
 }
 
+// A drawn pattern of any kind; combinations nest two deep at most.
+Pattern draw_pattern(Input& in, int depth) {
+  switch (in.below(depth < 2 ? 7 : 5)) {
+    case 0: {
+      Window w;
+      w.size = 1 + in.below(9);
+      w.metric = static_cast<WindowMetric>(in.below(3));
+      w.dilation = 1 + in.below(3);
+      w.border = static_cast<WindowBorder>(in.below(2));
+      return Pattern(w);
+    }
+    case 1:
+      return Pattern(YLG::with_heads(1 + in.below(8), static_cast<YlgMapping>(in.below(2))));
+    case 2: {
+      const std::uint8_t b = in.byte();
+      const std::int64_t size = b < 0xF0 ? 1 + b % 20 : in.size();
+      return Pattern(Window1D{size, in.byte() < 0xF0 ? 1 + in.below(4) : in.size(), in.flag()});
+    }
+    case 3: {
+      Random r;
+      r.blocks_per_row = in.byte() < 0xF0 ? in.below(6) : in.size();
+      r.block = in.byte() < 0xF0 ? 1 + in.below(70) : in.size();
+      r.seed = in.raw<std::uint64_t>();
+      r.global_tokens = in.byte() < 0xF0 ? in.below(5) : in.size();
+      return Pattern(r);
+    }
+    case 4: {
+      BlockMask m;
+      m.block_q = in.byte() < 0xF0 ? 1 + in.below(70) : in.size();
+      m.block_k = in.byte() < 0xF0 ? 1 + in.below(70) : in.size();
+      m.mask_heads = in.byte() < 0xF0 ? 1 + in.below(3) : in.size();
+      m.rows = in.size();
+      m.cols = in.size();
+      // Usually the entries the shape asks for; sometimes another count, which validate names.
+      std::int64_t entries = 0;
+      if (!mul_ok(m.mask_heads, m.rows, &entries) || !mul_ok(entries, m.cols, &entries) ||
+          entries < 0 || entries > 4096 || in.flag()) {
+        entries = in.below(64);
+      }
+      for (std::int64_t i = 0; i < entries; ++i) m.mask.push_back(in.byte() & 1);
+      return Pattern(std::move(m));
+    }
+    default: {
+      std::vector<Pattern> parts;
+      const std::int64_t n = in.below(4);  // 0 parts: refused by validate
+      for (std::int64_t i = 0; i < n; ++i) parts.push_back(draw_pattern(in, depth + 1));
+      return in.flag() ? Pattern::Union(std::move(parts))
+                       : Pattern::Intersection(std::move(parts));
+    }
+  }
+}
+
 void run(Input& in) {
   const std::uint8_t which = in.byte();
   GridShape q_hw{side(in), side(in)};
@@ -161,7 +217,11 @@ void run(Input& in) {
     default:
       break;
   }
-  if (which & 1) {
+  if (which & 0x10) {
+    const Pattern pattern = draw_pattern(in, 0);
+    const std::int64_t heads = (which & 4) ? in.size() : 1 + in.below(8);
+    exercise(in, pattern, q_hw, kv_hw, heads);
+  } else if (which & 1) {
     YLG ylg;
     const std::int64_t n = in.below(9);
     for (std::int64_t h = 0; h < n; ++h) ylg.patterns.push_back(static_cast<YlgKind>(in.below(5)));

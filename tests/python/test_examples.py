@@ -19,6 +19,8 @@ CASES = {
     "vit_attention.py": (["--tokens", "65", "--dim", "96", "--heads", "3"],
                          "the block, batch 2, forward + backward"),
     "plan_gpu.py": (["--gpu", "t4"], "Recommendation: "),
+    "vit_sparse_patterns.py": (["--sides", "16", "--dim", "32", "--heads", "2", "--reps", "1"],
+                               "| 256 | window ∪ random |"),
 }
 
 
@@ -44,6 +46,7 @@ def test_example_runs(script):
     ("local_patterns.py", ["--res", "15"]),
     ("vit_attention.py", ["--dim", "100", "--heads", "3"]),
     ("plan_gpu.py", ["--channels", "4"]),
+    ("vit_sparse_patterns.py", ["--sides", "12"]),
 ])
 def test_example_refuses_bad_arguments(script, args):
     proc = run(script, args)

@@ -5,7 +5,7 @@ import torch
 
 import attn2d
 from attn2d import _compiled_layout
-from attn2d.patterns import YLG, Window
+from attn2d.patterns import YLG, Random, Window, Window1D
 
 
 def grids(hq, wq, hk=None, wk=None, heads=2, e=16, ev=16, dtype=torch.float32):
@@ -158,10 +158,17 @@ def test_text_names_the_backend_both_directions_and_every_refusal():
         assert f"not {name}:" in text
 
 
+def test_a_sequence_pattern_on_4d_inputs_runs_on_the_sparse_tiles():
+    q, k, v = dense()
+    info = attn2d.explain(q, k, v, pattern=Window1D(9) | Random(1, 16, 0, 2))
+    assert info.forward.kernel in ("sparse_tiles", "query_lanes")
+    assert info.backward.kernel == "sparse_tiles"
+
+
 def test_bad_input_raises_naming_the_argument():
     q, k, v = dense()
-    with pytest.raises(ValueError, match="pattern"):
-        attn2d.explain(q, k, v, pattern=Window(3))
+    with pytest.raises(ValueError, match="a pattern takes 4-D sequences"):
+        attn2d.explain(q, k, v, is_causal=True, pattern=Window1D(3))
     with pytest.raises(TypeError, match="is_causal"):
         attn2d.explain(q, k, v, is_causal=1)
     with pytest.raises(ValueError, match="k"):

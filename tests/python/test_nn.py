@@ -332,8 +332,10 @@ def test_bad_patterns_are_refused():
         ann.SelfAttention2d(64, pattern="window")
     with pytest.raises(ValueError, match="heads"):
         ann.SelfAttention2d(64, heads=4, pattern=YLG(8))
-    with pytest.raises(ValueError, match="grid"):
-        ann.Attention(32, num_heads=4, pattern=Window(3))
+    with pytest.raises(ValueError, match="8 heads but the module has 4"):
+        ann.Attention(32, num_heads=4, pattern=YLG(8))
+    with pytest.raises(TypeError, match="pattern"):
+        ann.CrossAttention(32, num_heads=4, pattern=torch.ones(4, 4, dtype=torch.bool))
 
 
 @pytest.mark.parametrize("module,bad,word", [

@@ -306,7 +306,7 @@ def test_norm_layer_none_means_layer_norm_with_qk_norm_or_scale_norm():
 @pytest.mark.parametrize("kwargs,error,word", [
     (dict(attn_drop=0.1), ValueError, "attn_drop"),
     (dict(attn_drop="0"), TypeError, "attn_drop"),
-    (dict(pattern="window"), ValueError, "pattern"),
+    (dict(pattern="window"), TypeError, "pattern"),
     (dict(num_heads=5), ValueError, "num_heads"),
     (dict(num_heads=0), ValueError, "num_heads"),
     (dict(num_heads=4.0), TypeError, "num_heads"),

@@ -13,7 +13,7 @@ import torch
 
 import attn2d
 from attn2d import backends
-from attn2d.patterns import YLG, Window
+from attn2d.patterns import YLG, Random, Window, Window1D
 from reference import assert_within_rule, max_err, naive_attention
 from test_attention2d import storage_view
 
@@ -163,6 +163,8 @@ PATTERNS = [
     (YLG(4), (8, 12), (8, 12), 4),
     (YLG(4), (16, 16), (8, 8), 4),
     (YLG(2, mapping="geometric"), (10, 6), (5, 3), 2),
+    # The sequence patterns and a union on the same block-sparse kernels.
+    (Window1D(7, causal=True) | Random(1, 16, 3, 2), (1, 70), (1, 70), 2),
 ]
 
 

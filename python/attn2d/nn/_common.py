@@ -21,29 +21,21 @@ def check_divisible(module: str, name: str, value: int, by_name: str, by: int) -
 
 
 def check_pattern(module: str, pattern: object, heads: int) -> None:
-    """None (global), attn2d.patterns.Window, or attn2d.patterns.YLG with `heads` heads."""
+    """None (global) or an attn2d.patterns pattern; one that fixes its heads (YLG) must have
+    the module's."""
     from .. import patterns
 
-    if pattern is None or isinstance(pattern, patterns.Window):
+    if pattern is None:
         return
-    if isinstance(pattern, patterns.YLG):
-        if pattern.heads != heads:
-            raise ValueError(
-                f"{module}: pattern {pattern!r} has {pattern.heads} heads but the module has "
-                f"{heads}"
-            )
-        return
-    raise TypeError(
-        f"{module}: pattern must be None, attn2d.patterns.Window or attn2d.patterns.YLG; got "
-        f"{type(pattern).__name__}"
-    )
-
-
-def check_no_pattern(module: str, pattern: object) -> None:
-    if pattern is not None:
+    if not isinstance(pattern, patterns.Pattern):
+        raise TypeError(
+            f"{module}: pattern must be None or an attn2d.patterns pattern (Window, YLG, "
+            f"Window1D, Random, BlockMask, Union, Intersection); got {type(pattern).__name__}"
+        )
+    fixed = getattr(pattern, "heads", None)
+    if fixed is not None and fixed != heads:
         raise ValueError(
-            f"{module}: pattern={pattern!r}: 2-D patterns need a pixel grid; token modules have "
-            "none (use SelfAttention2d / MultiheadSelfAttention2d, or attn2d.attention2d)"
+            f"{module}: pattern {pattern!r} has {fixed} heads but the module has {heads}"
         )
 
 

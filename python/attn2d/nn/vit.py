@@ -74,7 +74,9 @@ class Attention(nn.Module):
     - norm_layer None with qk_norm or scale_norm means torch.nn.LayerNorm (timm requires one).
     - forward's attn_mask and is_causal may be given together (see forward).
 
-    pattern must be None: 2-D sparsity patterns need a pixel grid, which token sequences lack.
+    pattern (keyword only; attn2d.patterns, e.g. Window1D, Random or their union) restricts each
+    token to its pattern's keys over the token sequence; attn_mask and is_causal are then
+    refused.
     """
 
     def __init__(
@@ -120,7 +122,8 @@ class Attention(nn.Module):
         # Modules get device/dtype only when they are given, so norm layers that do not take
         # them still work (timm always passes them, as None by default).
         dd = _check_factory(name, device, dtype)
-        c.check_no_pattern(name, pattern)
+        c.check_pattern(name, pattern, num_heads)
+        self.pattern = pattern
         # timm asserts that a norm_layer comes with qk_norm/scale_norm; attn2d has always
         # defaulted to LayerNorm there, and keeps doing so.
         norm_layer = nn.LayerNorm if norm_layer is None else norm_layer
@@ -149,7 +152,13 @@ class Attention(nn.Module):
         gate = self.gate(x).sigmoid() if self.gate is not None else None
         q, k, v = (c.tokens_to_heads(t, self.num_heads) for t in self.qkv(x).chunk(3, dim=-1))
         q, k = self.q_norm(q), self.k_norm(k)
-        o = attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=self.scale)
+        if self.pattern is not None:
+            if attn_mask is not None or is_causal:
+                raise ValueError(f"{self._name}: attn_mask and is_causal cannot be combined with "
+                                 f"the module's pattern {self.pattern!r}")
+            o = attention(q, k, v, scale=self.scale, pattern=self.pattern)
+        else:
+            o = attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=self.scale)
         o = self.norm(c.heads_to_tokens(o))
         if gate is not None:
             o = o * gate
@@ -160,7 +169,8 @@ class CrossAttention(nn.Module):
     """Queries (B, N, dim) attend to a context (B, M, context_dim) -> (B, N, dim).
 
     Submodules: q (dim -> dim), kv (context_dim -> 2 * dim), proj (dim -> dim). attn_mask
-    broadcasts to (B, heads, N, M); a (B, 1, 1, M) bool mask is a context padding mask.
+    broadcasts to (B, heads, N, M); a (B, 1, 1, M) bool mask is a context padding mask. A
+    pattern (attn2d.patterns, over the N queries and M context tokens) excludes attn_mask.
     """
 
     def __init__(
@@ -180,7 +190,8 @@ class CrossAttention(nn.Module):
         context_dim = c.check_positive_int(name, "context_dim", context_dim)
         num_heads = c.check_positive_int(name, "num_heads", num_heads)
         c.check_divisible(name, "dim", dim, "num_heads", num_heads)
-        c.check_no_pattern(name, pattern)
+        c.check_pattern(name, pattern, num_heads)
+        self.pattern = pattern
         self._name = name
         self.dim, self.context_dim, self.num_heads = dim, context_dim, num_heads
         self.q = nn.Linear(dim, dim, bias=qkv_bias)
@@ -198,5 +209,11 @@ class CrossAttention(nn.Module):
             )
         q = c.tokens_to_heads(self.q(x), self.num_heads)
         k, v = (c.tokens_to_heads(t, self.num_heads) for t in self.kv(context).chunk(2, dim=-1))
-        o = attention(q, k, v, attn_mask=attn_mask)
+        if self.pattern is not None:
+            if attn_mask is not None:
+                raise ValueError(f"{self._name}: attn_mask cannot be combined with the module's "
+                                 f"pattern {self.pattern!r}")
+            o = attention(q, k, v, pattern=self.pattern)
+        else:
+            o = attention(q, k, v, attn_mask=attn_mask)
         return self.proj_drop(self.proj(c.heads_to_tokens(o)))
