@@ -32,9 +32,10 @@ class Pattern {
   Status validate(GridShape q_hw, GridShape kv_hw, std::int64_t heads) const;
   Status dense_mask(GridShape q_hw, GridShape kv_hw, std::int64_t heads,
                     std::vector<std::uint8_t>* mask) const;
-  // A single Window or YLG compiles as it does on its own. A combination compiles on 8-pixel-wide
-  // blocks of 64 pixels when a part is a 2-D pattern (Window or YLG), else on runs of 64
-  // consecutive tokens, with one layout per distinct combination of its parts' head layouts.
+  // A single Window or YLG compiles as it does on its own. A combination of sequence patterns
+  // compiles on runs of 64 consecutive tokens, one of 2-D patterns (Window, YLG) on 8-pixel-wide
+  // blocks of 64 pixels, and one of both on whichever of the two visits fewer tiles; one layout
+  // per distinct combination of its parts' head layouts.
   Status compile(GridShape q_hw, GridShape kv_hw, std::int64_t heads,
                  CompiledLayout* layout) const;
 

@@ -65,6 +65,14 @@ def kernel_visited_pairs(pattern, q_hw, kv_hw, layout) -> int:
     return int(layout[0].numel()) * offsets.shape[1] * q_hw[0] * q_hw[1]
 
 
+def _popcount(words: torch.Tensor) -> torch.Tensor:
+    """Set bits of each int64 word, in the words' own memory footprint (SWAR; wraps mod 2^64)."""
+    x = words - ((words >> 1) & 0x5555555555555555)
+    x = (x & 0x3333333333333333) + ((x >> 2) & 0x3333333333333333)
+    x = (x + (x >> 4)) & 0x0F0F0F0F0F0F0F0F
+    return (x * 0x0101010101010101) >> 56
+
+
 def _mask_bits(masks: torch.Tensor) -> torch.Tensor:
     """(num_masks, BLOCK_Q) words -> (num_masks, BLOCK_Q, 64) bool: bit c of row r."""
     return ((masks[:, :, None] >> torch.arange(64, dtype=torch.int64)) & 1).bool()
@@ -114,7 +122,7 @@ def allowed_pairs(layout) -> int:
     def per_visit(q_count, k_count, fwd_mask, masks):
         if not masks.numel():  # every visit allows all its pairs
             return q_count * k_count
-        bits = _mask_bits(masks).sum((1, 2))
+        bits = _popcount(masks).sum(1)
         return torch.where(fwd_mask < 0, q_count * k_count, bits[fwd_mask.clamp(min=0)])
 
     return _sum_over_visits(layout, per_visit)

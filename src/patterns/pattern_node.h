@@ -47,8 +47,10 @@ class PatternNode {
 // The (heads, len_q, len_k) mask from the node's key lists, with the checks of dense_mask.
 Status generic_dense_mask(const PatternNode& node, GridShape q_hw, GridShape kv_hw,
                           std::int64_t heads, std::vector<std::uint8_t>* mask);
-// One layout per distinct variant, on the node's tiling, from its key lists.
+// One layout per distinct variant, on the node's tiling (or `tiling`), from its key lists.
 Status generic_compile(const PatternNode& node, GridShape q_hw, GridShape kv_hw,
+                       std::int64_t heads, CompiledLayout* layout);
+Status generic_compile(const PatternNode& node, Tiling tiling, GridShape q_hw, GridShape kv_hw,
                        std::int64_t heads, CompiledLayout* layout);
 
 // The nodes of the sequence patterns, for their own calls (sequence_patterns.cc).

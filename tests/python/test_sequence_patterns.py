@@ -254,3 +254,12 @@ def test_bad_arguments_name_themselves():
         attn2d.attention(q[0], q, q, pattern=Window1D(3))
     with pytest.raises(ValueError, match="Window1D: dilation"):
         attn2d.attention(q, q, q, pattern=Window1D(21))
+
+
+def test_mask_words_bit_counts_match_pythons():
+    from attn2d._compiled_layout import _popcount
+
+    g = torch.Generator().manual_seed(3)
+    words = torch.randint(-2**63, 2**63 - 1, (2000,), dtype=torch.int64, generator=g)
+    words[:3] = torch.tensor([0, -1, -2**63])
+    assert _popcount(words).tolist() == [bin(int(w) & (2**64 - 1)).count("1") for w in words]
