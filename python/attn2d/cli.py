@@ -173,6 +173,10 @@ def _add_train_gan_parser(sub) -> None:
     p.add_argument("--eval-fractions", default=None, metavar="F,F,...",
                    help="fractions of the budget in (0, 1], increasing, at which to evaluate "
                    "(default 0.1,0.2,...,1.0)")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="what a budget's minutes count: wall-clock time of the training steps "
+                   "(default), or the process's CPU time in them, so that runs sharing a "
+                   "machine get the same compute (CPU only)")
     p.add_argument("--pause-after-minutes", type=float, default=None, metavar="M",
                    help="stop this invocation after M minutes of training, checkpointed; "
                    "--resume continues the budget with its clock and evaluations")
@@ -287,7 +291,7 @@ def _train_gan(parser, args) -> int:
         torch.set_num_threads(args.threads)
     cfg = train.TrainConfig(
         steps=args.steps if args.steps is not None else train.TrainConfig.steps,
-        budget_minutes=args.budget_minutes, eval_fractions=fractions,
+        budget_minutes=args.budget_minutes, eval_fractions=fractions, clock=args.clock,
         pause_after_minutes=args.pause_after_minutes, batch=args.batch, res=args.res,
         width=args.width, attn_res=args.attn_res, heads=args.heads, pool_kv=args.pool_kv, window_sizes=sizes,
         lr_g=args.lr_g, lr_d=args.lr_d, bf16=args.bf16, r1=args.r1, r1_every=args.r1_every,

@@ -189,6 +189,39 @@ def test_resume_refuses_another_budget_or_fractions(tmp_path):
         train_variant(dataclasses.replace(cfg, resume=True, budget_minutes=None,
                                           pause_after_minutes=None, steps=4),
                       log=_quiet, progress=False)
+    with pytest.raises(ValueError, match="--clock cpu differs from the checkpoint's wall"):
+        train_variant(dataclasses.replace(cfg, resume=True, clock="cpu"), log=_quiet,
+                      progress=False, clock=FakeClock())
+
+
+@needs_fmnist
+def test_the_cpu_clock_counts_the_process_cpu_time_not_its_waits(tmp_path, monkeypatch):
+    """A budget on the CPU clock is not spent while the process waits (here: sleeps in each
+    batch draw, as it would while another run holds the core); one on the wall clock is."""
+    waits = []
+
+    def slow_batch(*args, **kw):
+        time.sleep(0.2)
+        waits.append(0.2)
+        return to_float(*args, **kw)
+
+    to_float = data.to_float
+    monkeypatch.setattr(data, "to_float", slow_batch)
+    runs = {}
+    for clock in ("wall", "cpu"):
+        cfg = _tiny(tmp_path / clock, clock=clock, budget_minutes=0.5 / 60,
+                    eval_fractions=(1.0,))
+        waits.clear()
+        b = train_variant(cfg, log=_quiet, progress=False)["budget"]
+        runs[clock] = (b, sum(waits))
+        assert b["complete"] and b["config"]["clock"] == clock
+        assert 0.5 <= b["train_seconds"] <= 0.5 + 2 * max(b["seconds_per_step"], 0.1)
+    wall, cpu = runs["wall"][0], runs["cpu"][0]
+    # The wall clock counts the sleeps; the CPU clock takes more steps, and more waiting, to
+    # spend the same half-second.
+    assert wall["train_seconds"] >= runs["wall"][1]
+    assert cpu["steps"] > wall["steps"] and runs["cpu"][1] > runs["wall"][1]
+    assert cpu["sittings"][0]["machine"]["cpu"] == wall["cpu"] != ""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -234,6 +267,24 @@ def test_report_shows_the_spread_over_seeds_and_plots_every_variant(tmp_path, on
     assert "ylg/seed1/samples_final.png" in text
     png = tmp_path / setting["plot"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_keeps_budgets_of_cpu_time_apart_from_wall_clock_ones(tmp_path, one_run):
+    _clone(tmp_path / "wall", one_run, "global", 0, [30.0, 20.0])
+    cpu = copy.deepcopy(one_run)
+    cpu["config"]["clock"] = "cpu"
+    _clone(tmp_path / "cpu", cpu, "global", 0, [31.0, 21.0])
+    # A run recorded before the clock was a setting counted wall-clock time.
+    old = copy.deepcopy(one_run)
+    del old["config"]["clock"]
+    _clone(tmp_path / "old", old, "global", 1, [32.0, 22.0])
+    budget_report.write(tmp_path, reference=False, log=_quiet)
+    settings = json.loads((tmp_path / budget_report.REPORT_JSON).read_text())["settings"]
+    assert sorted(len(s["variants"]["global"]["seeds"]) for s in settings) == [1, 2]
+    assert len({s["plot"] for s in settings}) == 2
+    text = (tmp_path / budget_report.REPORT_MD).read_text()
+    assert "The budget's clock: the process's CPU time in the training steps" in text
+    assert "The budget's clock: wall-clock time of the training steps" in text
 
 
 def test_report_says_when_runs_come_from_different_machines(tmp_path, one_run):
@@ -362,6 +413,7 @@ assert peak.process_peak() >= during
     (dict(eval_every=5), ValueError, "eval_every"),
     (dict(seed=-1), ValueError, "seed"),
     (dict(run_subdir="a/b"), ValueError, "run_subdir"),
+    (dict(clock="process"), ValueError, "clock"),
 ])
 def test_bad_budget_settings_are_refused_by_name(tmp_path, kw, error, match):
     with pytest.raises(error, match=match):

@@ -25,7 +25,9 @@ METRICS = ("fid", "kid", "swd")
 # What makes runs comparable: they share a table and a plot only where all of these agree.
 SETTING_KEYS = ("res", "attn_res", "budget_minutes", "eval_fractions", "heads", "width", "batch",
                 "pool_kv", "bf16", "grad_checkpoint", "device", "data", "data_limit",
-                "eval_samples", "swd_samples", "lr_g", "lr_d")
+                "eval_samples", "swd_samples", "lr_g", "lr_d", "clock")
+# Settings recorded before a key existed had its default.
+SETTING_DEFAULTS = {"clock": "wall"}
 
 
 def _metric(metrics: dict, name: str) -> float:
@@ -85,12 +87,18 @@ def stats(values: list[float]) -> Optional[dict]:
 
 
 def _setting_key(cfg: dict) -> tuple:
-    return tuple(json.dumps(cfg.get(k), sort_keys=True) for k in SETTING_KEYS)
+    return tuple(json.dumps(cfg.get(k, SETTING_DEFAULTS.get(k)), sort_keys=True)
+                 for k in SETTING_KEYS)
+
+
+def _cpu_clock(cfg: dict) -> bool:
+    return cfg.get("clock", SETTING_DEFAULTS["clock"]) == "cpu"
 
 
 def _slug(cfg: dict) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-",
-                  f"res{cfg['res']}_attn{cfg['attn_res']}_{cfg['budget_minutes']:g}min")
+                  f"res{cfg['res']}_attn{cfg['attn_res']}_{cfg['budget_minutes']:g}"
+                  f"{'cpu' if _cpu_clock(cfg) else ''}min")
 
 
 def _title(cfg: dict) -> str:
@@ -98,7 +106,7 @@ def _title(cfg: dict) -> str:
     g = max(1, cfg["attn_res"] // cfg["pool_kv"])
     return (f"{cfg['res']}x{cfg['res']} images, attention at {cfg['attn_res']}x{cfg['attn_res']} "
             f"({q:,} queries over {g}x{g} = {g * g:,} pooled keys), budget "
-            f"{cfg['budget_minutes']:g} min of training")
+            f"{cfg['budget_minutes']:g} min of training{' (CPU time)' if _cpu_clock(cfg) else ''}")
 
 
 def summarize(runs: list[dict]) -> list[dict]:
@@ -159,7 +167,8 @@ def summarize(runs: list[dict]) -> list[dict]:
                            for run in members for s in run["sittings"]})
         settings.append({"title": _title(cfg), "slug": _slug(cfg), "config": cfg,
                          "machine": {k: members[0].get(k) for k in
-                                     ("device", "device_name", "threads", "cpus", "torch")},
+                                     ("device", "device_name", "cpu", "threads", "cpus",
+                                      "torch")},
                          "machines": [json.loads(m) for m in machines],
                          "variants": variants})
     settings.sort(key=lambda s: (s["config"]["res"], s["config"]["attn_res"],
@@ -259,12 +268,16 @@ def _markdown(settings: list[dict], references: dict) -> str:
     for s in settings:
         cfg, machine = s["config"], s["machine"]
         ref = references.get(s["slug"])
-        where = machine.get("device_name") or f"{machine.get('cpus')} CPUs"
+        where = (machine.get("device_name") or machine.get("cpu")
+                 or f"{machine.get('cpus')} CPUs")
+        clock = ("the process's CPU time in the training steps" if _cpu_clock(cfg)
+                 else "wall-clock time of the training steps")
         lines += [f"## {s['title']}", "",
                   f"Data: {cfg['data'] or 'Fashion-MNIST'}; batch {cfg['batch']}; width "
                   f"{cfg['width']}; {cfg['heads']} heads; keys pooled {cfg['pool_kv']}x; "
                   f"evaluated at {', '.join(f'{f:g}' for f in cfg['eval_fractions'])} of the "
                   f"budget on {cfg['eval_samples']} samples (SWD {cfg['swd_samples']}). "
+                  f"The budget's clock: {clock}. "
                   f"Machine: {where}, torch threads {machine.get('threads')}, torch "
                   f"{machine.get('torch')}.", ""]
         if len(s["machines"]) > 1:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import resource
 import time
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 import torch
 from torch import nn
@@ -24,15 +24,20 @@ class AttentionTimer:
     gradient of the module's output is ready (a hook on the output) to the moment the gradient
     of its input is (a hook on the input); the autograd engine runs a module's backward nodes
     together, between those two moments. On CUDA the marks are CUDA events, read after the
-    step's synchronize, so timing adds no synchronization; on the CPU they are perf_counter
-    readings.
+    step's synchronize, so timing adds no synchronization; on the CPU they are readings of
+    `clock` (the budget's clock: wall-clock perf_counter, or the process's CPU time).
 
     Only calls made while `active` count: evaluation and sample grids, which also run the
     generator, are not training. With create_graph (an R1 step), the penalty's second-order
     backward is not bracketed by these hooks, so the share is a lower bound on such steps."""
 
-    def __init__(self, modules: Iterable[nn.Module], device: torch.device | str = "cpu") -> None:
+    def __init__(self, modules: Iterable[nn.Module], device: torch.device | str = "cpu",
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         modules = list(modules)
+        if not callable(clock):
+            raise TypeError(f"attn2d.gan.timing.AttentionTimer: clock must be callable; got "
+                            f"{clock!r}")
+        self.clock = clock
         if not all(isinstance(m, nn.Module) for m in modules):
             raise TypeError("attn2d.gan.timing.AttentionTimer: modules must be torch.nn.Module "
                             "instances")
@@ -51,7 +56,7 @@ class AttentionTimer:
             event = torch.cuda.Event(enable_timing=True)
             event.record()
             return event
-        return time.perf_counter()
+        return self.clock()
 
     def _before_forward(self, module: nn.Module, args) -> None:
         if not self.active:

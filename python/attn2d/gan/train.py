@@ -28,6 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .. import _checks, patterns
+from .._machine import cpu_name
 from . import budget as budget_mod
 from . import data, metrics, schedules
 from .budget import DEFAULT_FRACTIONS, SCHEDULE_UNITS, BudgetState
@@ -39,6 +40,8 @@ VARIANTS = ("global", "ylg", "window", "downsample", "progressive", "plateau", "
 # Manhattan neighbourhoods of 8, 16 and 24 suit 64-256 px maps with keys on a 32-128 px grid;
 # they are scaled by (key grid / 32) for smaller maps.
 WINDOW_SIZES = (8, 16, 24)
+# The budget's clocks: process_time sums the CPU time of every thread of the process.
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
 @dataclass
@@ -79,6 +82,9 @@ class TrainConfig:
     pause_after_minutes: Optional[float] = None
     # Runs of several seeds sit side by side in out/<variant>/<run_subdir>.
     run_subdir: Optional[str] = None
+    # What the budget counts: "wall" (wall-clock seconds of the training steps) or "cpu" (the
+    # process's CPU seconds in them), which runs sharing a machine cannot take from each other.
+    clock: str = "wall"
 
     def check(self) -> None:
         _checks.check_run_device("attn2d train-gan", self.device)
@@ -107,6 +113,13 @@ class TrainConfig:
                 self.r1_every < 1:
             raise ValueError(f"attn2d train-gan: r1_every must be an int >= 1; got "
                              f"{self.r1_every!r}")
+        if self.clock not in CLOCKS:
+            raise ValueError(f"attn2d train-gan: clock (--clock) must be one of "
+                             f"{tuple(CLOCKS)}; got {self.clock!r}")
+        if self.clock == "cpu" and self.device != "cpu":
+            raise ValueError("attn2d train-gan: clock (--clock) 'cpu' counts the host's CPU "
+                             "time, which misses the GPU's work; use --clock wall with --device "
+                             "cuda")
         if self.budget_minutes is not None:
             budget_mod.check_minutes("budget_minutes (--budget-minutes)", self.budget_minutes)
             if self.eval_every:
@@ -333,15 +346,17 @@ def variant_label(cfg: dict) -> str:
 
 
 def train_variant(cfg: TrainConfig, log: Callable[[str], None] = print,
-                  progress: bool = True, clock: Callable[[], float] = time.perf_counter) -> dict:
+                  progress: bool = True, clock: Optional[Callable[[], float]] = None) -> dict:
     """Train one variant for cfg.steps, or for cfg.budget_minutes of training time (continuing
     from its checkpoint with cfg.resume), evaluate it, write samples / checkpoint /
     result.json (and budget.json for a budget) under cfg.run_dir(), return the result.
 
-    `clock` times the training steps (the budget's clock) and the evaluations; tests pass a
-    fake one. A run stopped by cfg.pause_after_minutes returns with "paused": True and no final
+    `clock` times the training steps (the budget's clock) and the evaluations: by default the
+    one cfg.clock names; tests pass a fake one. A run stopped by cfg.pause_after_minutes returns with "paused": True and no final
     evaluation; --resume continues it."""
     cfg.check()
+    if clock is None:
+        clock = CLOCKS[cfg.clock]
     if not callable(clock):
         raise TypeError(f"attn2d train-gan: clock must be callable; got {clock!r}")
     rank, world = _world()
@@ -382,6 +397,10 @@ def train_variant(cfg: TrainConfig, log: Callable[[str], None] = print,
             raise ValueError(f"attn2d train-gan: {ckpt} is a budget run; resume it with its "
                              "--budget-minutes")
         if budget is not None:
+            saved_clock = state.get("config", {}).get("clock", "wall")
+            if saved_clock != cfg.clock:
+                raise ValueError(f"attn2d train-gan: --clock {cfg.clock} differs from the "
+                                 f"checkpoint's {saved_clock}; resume with the same clock")
             budget.load_state_dict(state["budget"])
             if budget.done(state["elapsed"]) and (out / "result.json").exists():
                 # Nothing left to train or evaluate: a new sitting would only blur the
@@ -427,7 +446,8 @@ def train_variant(cfg: TrainConfig, log: Callable[[str], None] = print,
     # step then sets its own.
     current = gcfg.attention.pattern
     penalties: dict[str, float] = {}  # the latest value of each gradient penalty
-    timer = AttentionTimer(blocks, device)
+    # The configured kind of clock, never a test's fake one: reading that would move its time.
+    timer = AttentionTimer(blocks, device, clock=CLOCKS[cfg.clock])
     peak = PeakMemory(device)
     train_peak = budget.train_peak_bytes if budget is not None else 0
     eval_peak = budget.eval_peak_bytes if budget is not None else 0
@@ -437,6 +457,7 @@ def train_variant(cfg: TrainConfig, log: Callable[[str], None] = print,
     if budget is not None:
         budget.start_sitting(step, elapsed, resumed, time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                              {"threads": torch.get_num_threads(), "cpus": os.cpu_count(),
+                              "cpu": cpu_name(),
                               "device": (torch.cuda.get_device_name(device)
                                          if device.type == "cuda" else "cpu")})
 
@@ -462,7 +483,7 @@ def train_variant(cfg: TrainConfig, log: Callable[[str], None] = print,
             "final_pattern": _pattern_name(current),
             "g_parameters": count_parameters(G), "d_parameters": count_parameters(D),
             "device": cfg.device, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
-            "torch": torch.__version__, "config": dataclasses.asdict(cfg),
+            "cpu": cpu_name(), "torch": torch.__version__, "config": dataclasses.asdict(cfg),
             "final_metrics": final_metrics,
             "samples_final": "samples_final.png" if final_metrics is not None else None,
         }
