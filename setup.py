@@ -41,14 +41,14 @@ class CMakeBuild(build_ext):
             check=True,
         )
         subprocess.run(
-            ["cmake", "--build", str(build_dir), "--target", "attn2d_torch", "-j", jobs],
+            ["cmake", "--build", str(build_dir), "--target", "attn2d_python", "-j", jobs],
             check=True,
         )
         target = Path(self.get_ext_fullpath(ext.name))
         target.parent.mkdir(parents=True, exist_ok=True)
         # Copy then rename: a process that has the old library loaded keeps its file intact.
         staging = target.with_name(target.name + ".tmp")
-        shutil.copyfile(build_dir / "_attn2d_torch.so", staging)
+        shutil.copyfile(build_dir / "_attn2d_python.so", staging)
         os.replace(staging, target)
 
 

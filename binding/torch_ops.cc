@@ -17,7 +17,7 @@
 #include "attn2d/bf16_products.h"
 #include "attn2d/fma_peak.h"
 #include "attn2d/kernel_choice.h"
-#include "python_errors.h"
+#include "errors.h"
 
 namespace attn2d {
 namespace binding {
@@ -52,20 +52,6 @@ Host torch_host() {
   };
   host.deallocate = [](void*, void* ptr) { c10::GetCPUAllocator()->raw_deallocate(ptr); };
   return host;
-}
-
-void raise_unless_ok(const Status& s, const char* op) {
-  switch (s.code()) {
-    case StatusCode::kOk:
-      return;
-    case StatusCode::kInvalidArgument:
-      TORCH_CHECK_VALUE(false, op, ": ", s.message());
-    case StatusCode::kUnsupported:
-      TORCH_CHECK_TYPE(false, op, ": ", s.message());
-    case StatusCode::kOutOfMemory:
-      throw_memory_error(std::string(op) + ": " + s.message());
-  }
-  TORCH_CHECK(false, op, ": unknown status ", static_cast<int>(s.code()));
 }
 
 DType core_dtype(const at::Tensor& t) {

@@ -12,20 +12,12 @@
 #include <vector>
 
 #include "attn2d/pattern.h"
-#include "python_errors.h"
+#include "layout_tensors.h"
+#include "errors.h"
 
 namespace attn2d {
 namespace binding {
 namespace {
-
-// The core's messages already name the pattern and the argument (Python's own text), so they
-// are raised as they are: ValueError for a bad value, TypeError for an unsupported one.
-void raise_unless_ok(const Status& s) {
-  if (s.ok()) return;
-  if (s.code() == StatusCode::kOutOfMemory) throw_memory_error(s.message());
-  TORCH_CHECK_TYPE(s.code() != StatusCode::kUnsupported, s.message());
-  TORCH_CHECK_VALUE(false, s.message());
-}
 
 GridShape grid(at::IntArrayRef hw, const char* name) {
   TORCH_CHECK_VALUE(hw.size() == 2, "attn2d.patterns: ", name,
@@ -43,30 +35,6 @@ Window make_window(std::int64_t size, c10::string_view metric, std::int64_t dila
   raise_unless_ok(
       parse_window_border(std::string_view(border.data(), border.size()), &w.border));
   return w;
-}
-
-template <typename T>
-at::Tensor tensor_of(const std::vector<T>& values, at::ScalarType type) {
-  at::Tensor t = at::empty({static_cast<std::int64_t>(values.size())}, at::dtype(type));
-  if (!values.empty()) std::memcpy(t.data_ptr(), values.data(), values.size() * sizeof(T));
-  return t;
-}
-
-// The 12 tensors of binding/torch_ops.cc's make_layout, in CompiledLayout's order.
-std::vector<at::Tensor> layout_tensors(const CompiledLayout& l) {
-  const std::int64_t masks = l.num_masks();
-  return {tensor_of(l.head_layout, at::kInt),
-          tensor_of(l.q_tile_begin, at::kLong),
-          tensor_of(l.k_tile_begin, at::kLong),
-          tensor_of(l.q_rows, at::kInt).view({-1, l.block_q}),
-          tensor_of(l.k_rows, at::kInt).view({-1, l.block_k}),
-          tensor_of(l.fwd_begin, at::kLong),
-          tensor_of(l.fwd_k_tile, at::kInt),
-          tensor_of(l.fwd_mask, at::kLong),
-          tensor_of(l.bwd_begin, at::kLong),
-          tensor_of(l.bwd_q_tile, at::kInt),
-          tensor_of(l.bwd_mask, at::kLong),
-          tensor_of(l.masks, at::kLong).view({masks, l.block_q})};
 }
 
 // The mask as a tensor that owns the core's buffer: a dense mask is as large as the attention
@@ -259,9 +227,7 @@ std::optional<at::Tensor> window_offsets(std::int64_t size, c10::string_view met
   raise_unless_ok(on_grid_only ? w.offsets_on_grid(q, kv, &offsets)
                                : w.kernel_offsets(q, kv, &offsets));
   if (!offsets) return std::nullopt;
-  std::vector<std::int32_t> both = offsets->dr;
-  both.insert(both.end(), offsets->dc.begin(), offsets->dc.end());
-  return tensor_of(both, at::kInt).view({2, static_cast<std::int64_t>(offsets->dr.size())});
+  return offsets_tensor(*offsets);
 }
 
 }  // namespace

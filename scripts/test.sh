@@ -17,4 +17,4 @@ bash scripts/cpp_examples.sh
 bash scripts/sanitize.sh
 bash scripts/fuzz.sh --quick
 
-.venv/bin/python -m pytest -q tests/python
+ATTN2D_REQUIRE_LIBTORCH=1 .venv/bin/python -m pytest -q tests/python

@@ -39,6 +39,10 @@ class Pattern {
   Status compile(GridShape q_hw, GridShape kv_hw, std::int64_t heads,
                  CompiledLayout* layout) const;
 
+  // The Window this Pattern is, or null for any other pattern or a combination: a single
+  // window may run on the window kernels (Window::kernel_offsets), which read no layout.
+  const Window* as_window() const;
+
  private:
   explicit Pattern(std::shared_ptr<const patterns::PatternNode> node);
   std::shared_ptr<const patterns::PatternNode> node_;

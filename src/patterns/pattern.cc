@@ -34,6 +34,7 @@ std::vector<std::int32_t> token_runs(std::int64_t len, std::int64_t block) {
 class WindowNode final : public PatternNode {
  public:
   explicit WindowNode(Window window) : window_(window) {}
+  const Window& window() const { return window_; }
   const char* name() const override { return "attn2d.patterns.Window"; }
   Status validate(GridShape q_hw, GridShape kv_hw, std::int64_t heads) const override {
     return window_.validate(q_hw, kv_hw, heads);
@@ -281,6 +282,11 @@ Pattern::Pattern(YLG ylg) : node_(std::make_shared<patterns::YlgNode>(std::move(
 Pattern::Pattern(Window1D window) : node_(patterns::node_of(window)) {}
 Pattern::Pattern(Random random) : node_(patterns::node_of(random)) {}
 Pattern::Pattern(BlockMask mask) : node_(patterns::node_of(std::move(mask))) {}
+
+const Window* Pattern::as_window() const {
+  const auto* node = dynamic_cast<const patterns::WindowNode*>(node_.get());
+  return node != nullptr ? &node->window() : nullptr;
+}
 
 Pattern Pattern::Union(std::vector<Pattern> parts) {
   std::vector<std::shared_ptr<const patterns::PatternNode>> nodes;

@@ -257,6 +257,18 @@ TEST(SequencePatterns, ASingleWindowOrYlgCompilesAsItDoesAlone) {
   expect_same_layout(wrapped, alone);
 }
 
+TEST(SequencePatterns, OnlyASingleWindowIsAWindow) {
+  const Window window{7, WindowMetric::kChebyshev, 2};
+  const Window* seen = Pattern(window).as_window();
+  ASSERT_NE(seen, nullptr);
+  EXPECT_EQ(seen->size, 7);
+  EXPECT_EQ(seen->metric, WindowMetric::kChebyshev);
+  EXPECT_EQ(seen->dilation, 2);
+  EXPECT_EQ(Pattern(YLG::with_heads(4)).as_window(), nullptr);
+  EXPECT_EQ(Pattern(Window1D{5, 1, false}).as_window(), nullptr);
+  EXPECT_EQ(Pattern::Union({Pattern(window)}).as_window(), nullptr);
+}
+
 TEST(SequencePatterns, CombinationsRefuseWhatAPartRefuses) {
   const GridShape g{1, 40};
   CompiledLayout layout;

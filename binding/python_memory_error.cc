@@ -8,7 +8,7 @@
 
 #include <string>
 
-#include "python_errors.h"
+#include "errors.h"
 
 namespace attn2d {
 namespace binding {
