@@ -41,6 +41,7 @@ class Pattern {
 
   // The Window this Pattern is, or null for any other pattern or a combination: a single
   // window may run on the window kernels (Window::kernel_offsets), which read no layout.
+  // The pointer lives as long as this Pattern (or a copy of it).
   const Window* as_window() const;
 
  private:

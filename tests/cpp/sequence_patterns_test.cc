@@ -259,7 +259,8 @@ TEST(SequencePatterns, ASingleWindowOrYlgCompilesAsItDoesAlone) {
 
 TEST(SequencePatterns, OnlyASingleWindowIsAWindow) {
   const Window window{7, WindowMetric::kChebyshev, 2};
-  const Window* seen = Pattern(window).as_window();
+  const Pattern wrapped(window);
+  const Window* seen = wrapped.as_window();
   ASSERT_NE(seen, nullptr);
   EXPECT_EQ(seen->size, 7);
   EXPECT_EQ(seen->metric, WindowMetric::kChebyshev);
