@@ -269,6 +269,30 @@ def test_report_shows_the_spread_over_seeds_and_plots_every_variant(tmp_path, on
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.parametrize("description, words", [
+    ("global, heads=8, pool_kv=2", "global"),
+    ("Window(size=8, metric='manhattan', dilation=1, border='clip'), heads=8, pool_kv=2",
+     "window 8"),
+    ("Window(size=5, metric='chebyshev', dilation=2, border='clip'), heads=4, pool_kv=1",
+     "window 5 (chebyshev) dilated 2"),
+    ("YLG(patterns=['rtl-floor', 'ltr-floor', 'rtl-repetitive', 'ltr-repetitive'], "
+     "mapping='official'), heads=4, pool_kv=2", "YLG (4 heads)"),
+])
+def test_report_names_each_pattern_in_a_few_words(description, words):
+    assert budget_report.pattern_words(description) == words
+
+
+def test_report_shows_where_a_schedule_started_and_ended(tmp_path, one_run):
+    run = copy.deepcopy(one_run)
+    run["attention"] = "Window(size=8, metric='manhattan', dilation=1, border='clip'), heads=8"
+    run["final_pattern"] = "global"
+    _clone(tmp_path, run, "mixed", 0, [30.0, 20.0])
+    run["final_pattern"] = "Window(size=16, metric='manhattan', dilation=1, border='clip')"
+    _clone(tmp_path, run, "mixed", 1, [34.0, 24.0])
+    text = budget_report.write(tmp_path, reference=False, log=_quiet).read_text()
+    assert "| mixed | window 8 → global / window 16 | 0, 1 |" in text
+
+
 def test_report_keeps_budgets_of_cpu_time_apart_from_wall_clock_ones(tmp_path, one_run):
     _clone(tmp_path / "wall", one_run, "global", 0, [30.0, 20.0])
     cpu = copy.deepcopy(one_run)

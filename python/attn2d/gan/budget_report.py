@@ -160,6 +160,7 @@ def summarize(runs: list[dict]) -> list[dict]:
                 "memory": seeds[0]["memory"],
                 "train_peak_excludes_eval": all(r["train_peak_excludes_eval"] for r in seeds),
                 "attention": seeds[0]["attention"], "schedule": seeds[0]["schedule"],
+                "final_patterns": [r.get("final_pattern") for r in seeds],
                 "samples_final": {str(r["seed"]): f"{r['dir']}/{r['samples_final']}"
                                   for r in seeds if r.get("samples_final")},
                 "fractions": rows}
@@ -174,6 +175,33 @@ def summarize(runs: list[dict]) -> list[dict]:
     settings.sort(key=lambda s: (s["config"]["res"], s["config"]["attn_res"],
                                  s["config"]["budget_minutes"]))
     return settings
+
+
+_WINDOW = re.compile(r"Window\(size=(\d+), metric='(\w+)', dilation=(\d+)")
+
+
+def pattern_words(description: str) -> str:
+    """A recorded attention description in a few words: 'global', 'window 8', 'YLG (8 heads)'.
+    The setting's heads and pooling are dropped (the section names them)."""
+    text = re.sub(r", heads=\d+, pool_kv=\d+$", "", description or "")
+    window = _WINDOW.match(text)
+    if window:
+        size, metric, dilation = window.groups()
+        return (f"window {size}" + (f" ({metric})" if metric != "manhattan" else "")
+                + (f" dilated {dilation}" if dilation != "1" else ""))
+    if text.startswith("YLG("):
+        heads = re.search(r"patterns=\[([^\]]*)\]", text)
+        return f"YLG ({heads.group(1).count(',') + 1} heads)" if heads else "YLG"
+    return text
+
+
+def _attention_words(v: dict) -> str:
+    """The attention a variant starts with, and where its seeds ended if that differs."""
+    start = pattern_words(v["attention"])
+    ends = sorted({pattern_words(p) for p in v["final_patterns"] if p}, key=str)
+    if not ends or ends == [start]:
+        return start
+    return f"{start} → {' / '.join(ends)}"
 
 
 def _cell(s: Optional[dict], fmt: str = "{:.2f}", scale: float = 1.0) -> str:
@@ -293,9 +321,10 @@ def _markdown(settings: list[dict], references: dict) -> str:
             last = v["fractions"][-1]
             incomplete = sum(1 for c in v["complete"] if not c)
             seeds = ", ".join(str(x) for x in v["seeds"]) + (
-                f" ({incomplete} not finished)" if incomplete else "")
+                f" ({incomplete} run{'s' if incomplete > 1 else ''} not finished)" if incomplete
+                else "")
             lines.append(
-                f"| {label} | {v['attention']} | {seeds} | {_cell(v['steps'], '{:.0f}')} | "
+                f"| {label} | {_attention_words(v)} | {seeds} | {_cell(v['steps'], '{:.0f}')} | "
                 f"{_cell(v['seconds_per_step'], '{:.3f}')} | "
                 f"{_cell(v['attention_share'], '{:.0f}%', 100)} | {_mib(v['train_peak_bytes'])} | "
                 f"{_cell(v['eval_seconds'], '{:.0f}')} s | {_cell(last['fid'])} | "
