@@ -14,6 +14,7 @@ import json
 import os
 import re
 import statistics
+import textwrap
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -246,7 +247,7 @@ def plot(setting: dict, path: Path, reference: Optional[dict] = None) -> Path:
                    label="real vs real (floor)")
     ax.set_xlabel("training time (min; evaluation excluded)")
     ax.set_ylabel("FID (lower is better)")
-    ax.set_title(setting["title"], fontsize=8)
+    ax.set_title(textwrap.fill(setting["title"], 100), fontsize=8)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
