@@ -201,24 +201,32 @@ def test_the_cpu_clock_counts_the_process_cpu_time_not_its_waits(tmp_path, monke
     waits = []
 
     def slow_batch(*args, **kw):
-        time.sleep(0.2)
-        waits.append(0.2)
+        time.sleep(0.3)
+        waits.append(0.3)
         return to_float(*args, **kw)
 
     to_float = data.to_float
     monkeypatch.setattr(data, "to_float", slow_batch)
     runs = {}
     for clock in ("wall", "cpu"):
-        cfg = _tiny(tmp_path / clock, clock=clock, budget_minutes=0.5 / 60,
+        # Several steps' worth, so that a slow first step (on a loaded machine) cannot spend
+        # either budget alone.
+        cfg = _tiny(tmp_path / clock, clock=clock, budget_minutes=1.5 / 60,
                     eval_fractions=(1.0,))
         waits.clear()
-        b = train_variant(cfg, log=_quiet, progress=False)["budget"]
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            b = train_variant(cfg, log=_quiet, progress=False)["budget"]
+        finally:
+            torch.set_num_threads(threads)
         runs[clock] = (b, sum(waits))
         assert b["complete"] and b["config"]["clock"] == clock
-        assert 0.5 <= b["train_seconds"] <= 0.5 + 2 * max(b["seconds_per_step"], 0.1)
+        assert 1.5 <= b["train_seconds"] <= 1.5 + 2 * max(b["seconds_per_step"], 0.1)
     wall, cpu = runs["wall"][0], runs["cpu"][0]
     # The wall clock counts the sleeps; the CPU clock takes more steps, and more waiting, to
-    # spend the same half-second.
+    # spend the same budget (one thread: a step's CPU time is at most its wall time less the
+    # sleep).
     assert wall["train_seconds"] >= runs["wall"][1]
     assert cpu["steps"] > wall["steps"] and runs["cpu"][1] > runs["wall"][1]
     assert cpu["sittings"][0]["machine"]["cpu"] == wall["cpu"] != ""
