@@ -224,10 +224,9 @@ def test_the_cpu_clock_counts_the_process_cpu_time_not_its_waits(tmp_path, monke
         assert b["complete"] and b["config"]["clock"] == clock
         assert 1.5 <= b["train_seconds"] <= 1.5 + 2 * max(b["seconds_per_step"], 0.1)
     wall, cpu = runs["wall"][0], runs["cpu"][0]
-    # The wall clock counts the sleeps; the CPU clock takes more steps, and more waiting, to
-    # spend the same budget (one thread: a step's CPU time is at most its wall time less the
-    # sleep).
-    # Every step draws one batch, so the wall clock holds at least one sleep per step.
+    # The wall clock counts each step's sleep (every step draws one batch); the CPU clock takes
+    # more steps, and more waiting, to spend the same budget (one thread: a step's CPU time is at
+    # most its wall time less the sleep).
     assert wall["train_seconds"] >= 0.3 * wall["steps"]
     assert cpu["steps"] > wall["steps"] and runs["cpu"][1] > runs["wall"][1]
     assert cpu["sittings"][0]["machine"]["cpu"] == wall["cpu"] != ""

@@ -199,7 +199,7 @@ def pattern_words(description: str) -> str:
 def _attention_words(v: dict) -> str:
     """The attention a variant starts with, and where its seeds ended if that differs."""
     start = pattern_words(v["attention"])
-    ends = sorted({pattern_words(p) for p in v["final_patterns"] if p}, key=str)
+    ends = sorted({pattern_words(p) for p in v["final_patterns"] if p})
     if not ends or ends == [start]:
         return start
     return f"{start} → {' / '.join(ends)}"
