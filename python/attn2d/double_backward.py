@@ -18,8 +18,10 @@ here). With G = scale * (u K^T + Q w^T), the gradient of L with respect to dS:
     grad V  = H^T dO                      grad dO = Pz + H V
 
 (tests/python/test_double_backward.py checks these against torch.autograd on float64 naive
-attention.) The computation walks groups of query rows with every key, recomputing P for the
-group: memory is the inputs, their gradients and a few (rows x Lk) blocks, sized by
+attention.) The computation walks groups of query rows, recomputing P for each group against
+the keys the group may see: every key for global attention, the band of map rows a window
+reaches, the visited key tiles of a compiled layout (so a sparse pattern costs its visited
+pairs). Memory is the inputs, their gradients and a few (rows x keys) blocks, sized by
 GROUP_BYTES, never the Lq x Lk matrix. It is written in torch operations, so it runs on every
 device and dtype the first backward does (16-bit in float32) and can itself be differentiated.
 """
@@ -35,12 +37,17 @@ GROUP_BYTES = 16 << 20
 
 
 class RowGroup(NamedTuple):
-    """Query rows of some heads and which keys they may see: heads (index tensor or slice),
-    rows (long index tensor of raster rows), allowed ((R, Lk), (heads, R, Lk) or broadcastable
-    bool, or None for all), additive (broadcastable to (B, heads, R, Lk) float, or None)."""
+    """Query rows of some heads and the keys they may see.
+
+    heads: an index tensor or a slice. rows: (R,) long raster rows, or (T, R) for T tiles of
+    rows, -1 past a tile's end. keys: None for every key, a slice of keys every row may see,
+    or (T, K) long key indices per tile, -1 for none. allowed: a bool mask broadcastable to
+    the (R, keys) scores, or (T, R, K) for tiles, or None for all; additive: a float mask
+    broadcastable to (B, heads, R, keys), or None."""
 
     heads: object
     rows: torch.Tensor
+    keys: object
     allowed: Optional[torch.Tensor]
     additive: Optional[torch.Tensor]
 
@@ -72,66 +79,72 @@ def dense_groups(q: torch.Tensor, k: torch.Tensor, attn_mask: Optional[torch.Ten
                 allowed = block if allowed is None else allowed & block
             else:
                 additive = block
-        yield RowGroup(slice(None), rows, allowed, additive)
+        yield RowGroup(slice(None), rows, None, allowed, additive)
 
 
 def window_groups(q: torch.Tensor, k: torch.Tensor, offsets: torch.Tensor, height: int,
                   width: int) -> Iterator[RowGroup]:
     """Row groups of a window on one (height, width) grid given by its (2, count) offsets:
-    query (i, j) sees key (i + di, j + dj) where that lies on the grid."""
+    query (i, j) sees key (i + di, j + dj) where that lies on the grid. A group of whole map
+    rows sees the band of key rows its offsets reach, not every key."""
     B, H, Lq, _ = q.shape
-    Lk = k.shape[2]
-    step = _group_rows(Lq, B * H, Lk)
     di, dj = (offsets[0].long().to(q.device), offsets[1].long().to(q.device))
-    for r0 in range(0, Lq, step):
-        rows = torch.arange(r0, min(r0 + step, Lq), device=q.device)
+    lo, hi = (int(di.min()), int(di.max())) if di.numel() else (0, -1)
+    band_rows = max(hi - lo + 1, 1)
+    map_rows = max(1, _group_rows(Lq, B * H, 2 * band_rows * width) // width)
+    for i0 in range(0, height, map_rows):
+        i1 = min(i0 + map_rows, height)
+        rows = torch.arange(i0 * width, i1 * width, device=q.device)
+        k0, k1 = max(0, i0 + lo), min(height, i1 + hi)  # key rows [k0, k1)
+        k1 = max(k1, k0)
         ki = (rows // width)[:, None] + di[None, :]
         kj = (rows % width)[:, None] + dj[None, :]
         inside = (ki >= 0) & (ki < height) & (kj >= 0) & (kj < width)
-        allowed = torch.zeros(rows.numel(), Lk, dtype=torch.bool, device=q.device)
+        allowed = torch.zeros(rows.numel(), (k1 - k0) * width, dtype=torch.bool,
+                              device=q.device)
         local = torch.arange(rows.numel(), device=q.device)[:, None].expand_as(ki)
-        allowed[local[inside], (ki * width + kj)[inside]] = True
-        yield RowGroup(slice(None), rows, allowed, None)
+        allowed[local[inside], ((ki - k0) * width + kj)[inside]] = True
+        yield RowGroup(slice(None), rows, slice(k0 * width, k1 * width), allowed, None)
 
 
 def layout_groups(q: torch.Tensor, k: torch.Tensor, layout) -> Iterator[RowGroup]:
-    """Row groups of a compiled pattern layout (attn2d/_compiled_layout.py): for each of its
-    kinds, the heads that use it and groups of its query tiles, with the pairs its visits
-    allow."""
+    """Tile groups of a compiled pattern layout (attn2d/_compiled_layout.py): for each of its
+    kinds, the heads that use it and groups of its query tiles, each tile with the keys of the
+    key tiles it visits, so the work is the layout's visited pairs, not every key. Tiles are
+    grouped by their number of visits, which bounds the padding."""
     head_layout, q_begin, _, q_tiles, k_tiles, visit_begin, visit_tile, visit_mask = layout[:8]
     masks = layout[11]
-    B, H, _, _ = q.shape
-    Lk = k.shape[2]
+    B = q.shape[0]
     device = q.device
-    tile = q_tiles.shape[1]
-    columns = torch.arange(k_tiles.shape[1], device=device, dtype=torch.int64)
+    tile, tile_k = q_tiles.shape[1], k_tiles.shape[1]
+    columns = torch.arange(tile_k, dtype=torch.int64)
+    counts = visit_begin.diff().long()
     for kind in range(q_begin.numel() - 1):
         heads = torch.nonzero(head_layout.to(device) == kind).flatten()
         if heads.numel() == 0:
             continue
         first, last = int(q_begin[kind]), int(q_begin[kind + 1])
-        per_group = max(1, _group_rows(tile * (last - first), B * heads.numel(), Lk) // tile)
-        for t0 in range(first, last, per_group):
-            t1 = min(t0 + per_group, last)
-            tiles = q_tiles[t0:t1].to(device).long()  # (T, tile), -1 past the end
-            valid = tiles.flatten() >= 0
-            rows = tiles.flatten()[valid]
-            v0, v1 = int(visit_begin[t0]), int(visit_begin[t1])
-            owner = torch.repeat_interleave(
-                torch.arange(t1 - t0, device=device), visit_begin[t0:t1 + 1].diff().to(device))
-            keys = k_tiles[visit_tile[v0:v1].long()].to(device).long()  # (V, tile_k)
-            index = visit_mask[v0:v1].to(device)
-            bits = torch.ones(v1 - v0, tile, columns.numel(), dtype=torch.bool, device=device)
-            masked = index >= 0
-            if bool(masked.any()):
-                words = masks.to(device)[index[masked]]  # (Vm, tile)
-                bits[masked] = ((words[:, :, None] >> columns) & 1).bool()
-            bits &= (keys >= 0)[:, None, :] & (tiles[owner] >= 0)[:, :, None]
-            allowed = torch.zeros((t1 - t0) * tile, Lk, dtype=torch.bool, device=device)
-            local = (owner[:, None] * tile + torch.arange(tile, device=device)[None, :])
-            v_idx, r_idx, c_idx = torch.nonzero(bits, as_tuple=True)
-            allowed[local[v_idx, r_idx], keys[v_idx, c_idx]] = True
-            yield RowGroup(heads, rows, allowed[valid], None)
+        for count in torch.unique(counts[first:last]).tolist():
+            if count == 0:  # tiles with no visits: no keys, every second derivative is 0
+                continue
+            same = first + torch.nonzero(counts[first:last] == count).flatten()
+            per_group = max(1, GROUP_BYTES // max(
+                B * heads.numel() * tile * count * tile_k * 4 * 10, 1))
+            for g0 in range(0, same.numel(), per_group):
+                tiles = same[g0:g0 + per_group]
+                visits = visit_begin[tiles].long()[:, None] + torch.arange(count)  # (T, count)
+                keys = k_tiles[visit_tile[visits].long()].long()  # (T, count, tile_k)
+                bits = torch.ones(*visits.shape, tile, tile_k, dtype=torch.bool)
+                index = visit_mask[visits].long()
+                masked = index >= 0
+                if bool(masked.any()):
+                    words = masks[index[masked]]  # (Vm, tile)
+                    bits[masked] = ((words[:, :, None] >> columns) & 1).bool()
+                rows = q_tiles[tiles].long()  # (T, tile)
+                bits &= (keys >= 0)[:, :, None, :] & (rows >= 0)[:, None, :, None]
+                allowed = bits.permute(0, 2, 1, 3).flatten(2)  # (T, tile, count * tile_k)
+                yield RowGroup(heads, rows.to(device), keys.flatten(1).to(device),
+                               allowed.to(device), None)
 
 
 def groups_for(q, k, attn_mask=None, is_causal=False, layout=None, window=None):
@@ -167,61 +180,95 @@ def _double_backward(groups, q, k, v, grad_out, grad_dq, grad_dk, grad_dv, scale
     u_, w_, z_ = (rows_contiguous(t) for t in (grad_dq, grad_dk, grad_dv))
     g_q, g_k = torch.zeros_like(q_), torch.zeros_like(k_)
     g_v, g_do = torch.zeros_like(v_), torch.zeros_like(do_)
+    padded = {}  # per input and heads: a zero row appended for the -1 past a tile's end
+
+    def gather(name, t, heads, index):
+        key = (name, tuple(heads.tolist()) if isinstance(heads, torch.Tensor) else None)
+        if key not in padded:
+            some = t[:, heads] if isinstance(heads, torch.Tensor) else t
+            padded[key] = torch.cat([some, some.new_zeros(*some.shape[:2], 1, some.shape[3])], 2)
+        return padded[key][:, :, torch.where(index >= 0, index, t.shape[2])]
+
     for group in groups:
-        h, rows = group.heads, group.rows
-        kh, vh = k_[:, h], v_[:, h]
-        qb, dob = _rows(q_, h, rows), _rows(do_, h, rows)
-        s = torch.matmul(qb, kh.transpose(-1, -2)) * scale
-        if group.additive is not None:
-            add = group.additive
-            if add.dim() == 4 and isinstance(h, torch.Tensor) and add.shape[1] != 1:
-                add = add[:, h]
-            s = s + add.to(acc)
-        allowed = group.allowed
-        if allowed is not None:
-            if allowed.dim() == 4 and isinstance(h, torch.Tensor) and allowed.shape[1] != 1:
-                allowed = allowed[:, h]
-            s = s.masked_fill(~allowed, float("-inf"))
-        m = s.amax(-1, keepdim=True)
-        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-        e = torch.exp(s - m)
-        total = e.sum(-1, keepdim=True)
-        p = e / torch.where(total > 0, total, torch.ones_like(total))
-        dp = torch.matmul(dob, vh.transpose(-1, -2))
-        d = (p * dp).sum(-1, keepdim=True)
-        ds = p * (dp - d)
-        g = torch.zeros_like(p)
-        if u_ is not None:
-            ub = _rows(u_, h, rows)
-            g = g + torch.matmul(ub, kh.transpose(-1, -2))
-        if w_ is not None:
-            wh = w_[:, h]
-            g = g + torch.matmul(qb, wh.transpose(-1, -2))
-        g = g * scale
-        r = (p * g).sum(-1, keepdim=True)
-        hmat = p * (g - r)
-        t = (ds * g).sum(-1, keepdim=True) - r * d
-        through_p = (dp - d) * g - r * dp
-        gdo = torch.matmul(hmat, vh)
-        if z_ is not None:
-            zh = z_[:, h]
-            pz = torch.matmul(p, zh)
-            t = t + (dob * pz).sum(-1, keepdim=True)
-            through_p = through_p + torch.matmul(dob, zh.transpose(-1, -2))
-            gdo = gdo + pz
-        ds2 = p * (through_p - t)
-        gq = torch.matmul(ds2, kh)
-        gk = torch.matmul(ds2.transpose(-1, -2), qb)
-        if w_ is not None:
-            gq = gq + torch.matmul(ds, wh)
-        if u_ is not None:
-            gk = gk + torch.matmul(ds.transpose(-1, -2), ub)
-        gv = torch.matmul(hmat.transpose(-1, -2), dob)
-        _scatter_rows(g_q, h, rows, gq * scale)
-        _scatter_rows(g_do, h, rows, gdo)
-        _add_heads(g_k, h, gk * scale)
-        _add_heads(g_v, h, gv)
+        h, rows, keys = group.heads, group.rows, group.keys
+        if rows.dim() == 2:  # tiles: rows (T, R) and keys (T, K)
+            qb, dob = gather("q", q_, h, rows), gather("do", do_, h, rows)
+            kb, vb = gather("k", k_, h, keys), gather("v", v_, h, keys)
+            ub = None if u_ is None else gather("u", u_, h, rows)
+            wb = None if w_ is None else gather("w", w_, h, keys)
+            zb = None if z_ is None else gather("z", z_, h, keys)
+        else:
+            key_range = slice(None) if keys is None else keys
+            qb, dob = _rows(q_, h, rows), _rows(do_, h, rows)
+            kb, vb = k_[:, h, key_range], v_[:, h, key_range]
+            ub = None if u_ is None else _rows(u_, h, rows)
+            wb = None if w_ is None else w_[:, h, key_range]
+            zb = None if z_ is None else z_[:, h, key_range]
+        additive, allowed = group.additive, group.allowed
+        if additive is not None and additive.dim() == 4 and isinstance(h, torch.Tensor) and \
+                additive.shape[1] != 1:
+            additive = additive[:, h]
+        if allowed is not None and allowed.dim() == 4 and isinstance(h, torch.Tensor) and \
+                allowed.shape[1] != 1:
+            allowed = allowed[:, h]
+        gq, gk, gv, gdo = _block_grads(qb, kb, vb, dob, ub, wb, zb, allowed, additive, scale,
+                                       acc)
+        if rows.dim() == 2:
+            _scatter_tiles(g_q, h, rows, gq)
+            _scatter_tiles(g_do, h, rows, gdo)
+            _add_tiles(g_k, h, keys, gk)
+            _add_tiles(g_v, h, keys, gv)
+        else:
+            _scatter_rows(g_q, h, rows, gq)
+            _scatter_rows(g_do, h, rows, gdo)
+            key_range = slice(None) if keys is None else keys
+            g_k[:, h, key_range] += gk
+            g_v[:, h, key_range] += gv
     return (g_q.to(q.dtype), g_k.to(k.dtype), g_v.to(v.dtype), g_do.to(grad_out.dtype))
+
+
+def _block_grads(qb, kb, vb, dob, ub, wb, zb, allowed, additive, scale: float, acc):
+    """The module docstring's formulas on one block: queries qb, dob, ub (..., R, E or Ev)
+    against keys kb, vb, wb, zb (..., K, E or Ev). Returns (grad q, grad k, grad v,
+    grad grad_out) of the block; ub, wb, zb may be None (zero)."""
+    s = torch.matmul(qb, kb.transpose(-1, -2)) * scale
+    if additive is not None:
+        s = s + additive.to(acc)
+    if allowed is not None:
+        s = s.masked_fill(~allowed, float("-inf"))
+    m = s.amax(-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    e = torch.exp(s - m)
+    total = e.sum(-1, keepdim=True)
+    p = e / torch.where(total > 0, total, torch.ones_like(total))
+    dp = torch.matmul(dob, vb.transpose(-1, -2))
+    d = (p * dp).sum(-1, keepdim=True)
+    ds = p * (dp - d)
+    g = torch.zeros_like(p)
+    if ub is not None:
+        g = g + torch.matmul(ub, kb.transpose(-1, -2))
+    if wb is not None:
+        g = g + torch.matmul(qb, wb.transpose(-1, -2))
+    g = g * scale
+    r = (p * g).sum(-1, keepdim=True)
+    hmat = p * (g - r)
+    t = (ds * g).sum(-1, keepdim=True) - r * d
+    through_p = (dp - d) * g - r * dp
+    gdo = torch.matmul(hmat, vb)
+    if zb is not None:
+        pz = torch.matmul(p, zb)
+        t = t + (dob * pz).sum(-1, keepdim=True)
+        through_p = through_p + torch.matmul(dob, zb.transpose(-1, -2))
+        gdo = gdo + pz
+    ds2 = p * (through_p - t)
+    gq = torch.matmul(ds2, kb)
+    gk = torch.matmul(ds2.transpose(-1, -2), qb)
+    if wb is not None:
+        gq = gq + torch.matmul(ds, wb)
+    if ub is not None:
+        gk = gk + torch.matmul(ds.transpose(-1, -2), ub)
+    gv = torch.matmul(hmat.transpose(-1, -2), dob)
+    return gq * scale, gk * scale, gv, gdo
 
 
 def _rows(t: torch.Tensor, heads, rows: torch.Tensor) -> torch.Tensor:
@@ -240,8 +287,25 @@ def _scatter_rows(target: torch.Tensor, heads, rows: torch.Tensor, value: torch.
         target[:, heads[:, None], rows[None, :]] = value
 
 
-def _add_heads(target: torch.Tensor, heads, value: torch.Tensor):
+def _heads_index(target: torch.Tensor, heads) -> torch.Tensor:
     if isinstance(heads, slice):
-        target += value
-    else:
-        target[:, heads] += value
+        return torch.arange(target.shape[1], device=target.device)[heads]
+    return heads
+
+
+def _scatter_tiles(target: torch.Tensor, heads, rows: torch.Tensor, value: torch.Tensor):
+    """target[:, heads, rows] = value for tiles (each row in at most one tile of a group),
+    skipping the -1 past a tile's end."""
+    valid = rows.flatten() >= 0
+    h = _heads_index(target, heads)
+    target[:, h[:, None], rows.flatten()[valid][None, :]] = value.flatten(2, 3)[:, :, valid]
+
+
+def _add_tiles(target: torch.Tensor, heads, keys: torch.Tensor, value: torch.Tensor):
+    """target[:, heads, keys] += value, summing over the tiles that share a key, skipping -1."""
+    h = _heads_index(target, heads)
+    flat = keys.flatten()
+    valid = flat >= 0
+    sums = target.new_zeros(target.shape[0], h.numel(), target.shape[2], target.shape[3])
+    sums.index_add_(2, flat[valid], value.flatten(2, 3)[:, :, valid])
+    target[:, h] += sums

@@ -10,10 +10,11 @@ import torch
 
 import attn2d
 import attn2d.nn as ann
-from attn2d.patterns import YLG, Window
+from attn2d.patterns import YLG, BlockMask, Random, Window, Window1D
 from module_references import RefMultiheadSelfAttention2d, RefSelfAttention2d
 from reference import max_err, naive_attention
 from test_nn import _pair
+from test_sequence_patterns import EIGHT_BLOCKS_ONE_EMPTY
 
 
 def _leaves(*shapes, dtype=torch.float64):
@@ -164,6 +165,59 @@ def test_float32_second_derivatives_within_twice_naive_error(kind):
     for name, a, b, c in zip("qkv", got, base, oracle):
         floor = 1e-6 * max(1.0, float(c.abs().max()))
         assert max_err(a, c) <= 2 * max_err(b, c) + floor, (name, max_err(a, c), max_err(b, c))
+
+
+# Grids of several 64-row tiles, so layouts visit 1, 2 or more key tiles per query tile (and
+# the last tile has rows past the map's end); windows in several map-row bands.
+SPARSE_CASES = [
+    ("attention2d", YLG(4), (16, 16), (8, 8), 4),
+    ("attention2d", YLG(2), (13, 11), (13, 11), 2),
+    ("attention2d", Window(3, border="shift"), (12, 11), (12, 11), 1),
+    ("attention2d", Window(3), (14, 10), (7, 5), 2),                  # pooled keys: a layout
+    ("attention2d", Window(5, dilation=2), (11, 13), (11, 13), 1),    # the window kernels
+    ("attention2d", Window(7, "euclidean"), (9, 8), (9, 8), 2),
+    ("attention", Random(1, 16, 3, 2), (1, 150), (1, 150), 2),
+    ("attention", Window1D(5) & BlockMask(EIGHT_BLOCKS_ONE_EMPTY, 16), (1, 120), (1, 120), 2),
+    ("attention", BlockMask(torch.tensor([[1, 0, 1], [0, 0, 0], [1, 1, 0]], dtype=torch.bool),
+                            64), (1, 170), (1, 150), 1),               # a tile with no keys
+]
+
+
+@pytest.mark.parametrize("small_groups", [False, True], ids=["groups", "small groups"])
+@pytest.mark.parametrize("op,pattern,q_hw,kv_hw,heads", SPARSE_CASES, ids=lambda p: repr(p)[:40])
+def test_penalty_gradients_of_a_pattern_match_its_dense_mask(monkeypatch, small_groups, op,
+                                                             pattern, q_hw, kv_hw, heads):
+    """The double backward computes only the pairs a pattern's groups reach (a window's band
+    of map rows, a layout's visited key tiles): the penalty's gradients must equal those of
+    naive attention under the pattern's dense mask, in float64."""
+    from attn2d import double_backward
+
+    if small_groups:
+        monkeypatch.setattr(double_backward, "GROUP_BYTES", 1)
+    torch.manual_seed(0)
+    B, E, Ev = 2, 3, 4
+    mask = pattern.dense_mask(q_hw, kv_hw, heads)
+    inputs = [torch.randn(B, heads, *q_hw, E, dtype=torch.float64),
+              torch.randn(B, heads, *kv_hw, E, dtype=torch.float64),
+              torch.randn(B, heads, *kv_hw, Ev, dtype=torch.float64)]
+    weights = torch.randn(B, heads, *q_hw, Ev, dtype=torch.float64)
+
+    def ours(q, k, v):
+        if op == "attention2d":
+            return attn2d.attention2d(q, k, v, pattern=pattern)
+        return attn2d.attention(q[:, :, 0], k[:, :, 0], v[:, :, 0], pattern=pattern)[:, :, None]
+
+    def naive(q, k, v):
+        return naive_attention(q.flatten(2, 3), k.flatten(2, 3), v.flatten(2, 3),
+                               attn_mask=mask).unflatten(2, q_hw)
+
+    got = _penalty_grads(ours, [t.clone().requires_grad_() for t in inputs], weights)
+    want = _penalty_grads(naive, [t.clone().requires_grad_() for t in inputs], weights)
+    for name, a, b in zip("qkv", got, want):
+        assert max_err(a, b) <= 1e-10 * max(1.0, float(b.abs().max())), (name, max_err(a, b))
+    dead = ~mask.any(-1).view(heads, *q_hw)  # queries without keys: zero gradient
+    if dead.any():
+        assert (got[0][:, dead] == 0).all()
 
 
 def _r1_grads(module, x):
