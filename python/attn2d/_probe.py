@@ -139,7 +139,8 @@ def _r1_case(case):
     from attn2d.bench_double_backward import r1_step
 
     penalty, module, x = r1_step(case["impl"], int(case["channels"]), int(case["res"]),
-                                 int(case.get("batch", 1)), int(case.get("seed", 0)))
+                                 int(case.get("batch", 1)), int(case.get("seed", 0)),
+                                 case.get("pattern", "global"))
     return penalty, torch.ones(()), list(module.parameters()) + [x]
 
 

@@ -3,10 +3,12 @@ the only peer that can take it, torch's math path (SDPA's fused CPU and CUDA ker
 FlexAttention have no double backward).
 
 The step: a SAGAN attention block (attn2d.nn.SelfAttention2d, q/k at C/8, v at C/2, keys pooled
-2x2) as the discriminator's block, its output read out by fixed weights as the score D(x); the
-R1 penalty |dD/dx|^2 from autograd.grad(..., create_graph=True); the penalty's backward to the
-weights and the input. Both implementations run the same module and weights: the peer is the
-block under attn2d.use_backend("sdpa") with SDPA's math kernel. Times are interleaved rep by rep
+2x2), global or YLG-SAGAN's (8 heads, YLG(8)), as the discriminator's block, its output read out
+by fixed weights as the score D(x); the R1 penalty |dD/dx|^2 from autograd.grad(...,
+create_graph=True); the penalty's backward to the weights and the input. Both implementations
+run the same module and weights: the peer is the block under attn2d.use_backend("sdpa") with
+SDPA's math kernel, a pattern given to it as its dense mask (SDPA has no sparse patterns). The
+two penalties are checked to agree before timing. Times are interleaved rep by rep
 in one process, the order reversed every other rep (attn2d.bench.time_training_steps), and
 reported as each side's median and the median of per-rep ratios, with both sides' per-rep times
 (runs_s); peak memory is the resident set's growth over one step in a fresh process per
@@ -22,6 +24,7 @@ import torch
 from .memory import format_bytes, measure
 
 IMPLS = ("attn2d", "math")
+PATTERNS = ("global", "ylg")
 # What the ratio of bench_double_backward.json is, written into it for its readers.
 RATIOS = ("speedup_median_of_ratios: the median over reps of math's step time over attn2d's in "
           "the same rep, the two interleaved in alternating order; median_s: each side's median "
@@ -41,11 +44,17 @@ def _context(impl: str):
     return stack
 
 
-def make_block(channels: int, seed: int = 0) -> torch.nn.Module:
+def make_block(channels: int, seed: int = 0, pattern: str = "global") -> torch.nn.Module:
+    """The block: global with one head, or "ylg": 8 heads with YLG(8), as YLG-SAGAN's."""
     from .nn import SelfAttention2d
+    from .patterns import YLG
 
+    if pattern not in PATTERNS:
+        raise ValueError(f"attn2d.bench_double_backward: pattern must be one of {PATTERNS}; got "
+                         f"{pattern!r}")
     torch.manual_seed(seed)
-    block = SelfAttention2d(channels)
+    block = SelfAttention2d(channels) if pattern == "global" else \
+        SelfAttention2d(channels, heads=8, pattern=YLG(8))
     with torch.no_grad():
         block.gamma.fill_(0.5)  # 0 at initialisation would cut attention out of the gradient
     return block
@@ -59,12 +68,42 @@ def r1_penalty_fn(impl: str, module: torch.nn.Module, readout: torch.Tensor):
                          f"{impl!r}")
 
     def fn(x):
-        with _context(impl):
+        with _context(impl), _dense_mask_peer(impl, module):
             score = (module(x) * readout).sum()
             grad_x, = torch.autograd.grad(score, (x,), create_graph=True)
             return grad_x.square().sum()
 
     return fn
+
+
+@contextlib.contextmanager
+def _dense_mask_peer(impl: str, module: torch.nn.Module):
+    """For the math peer of a block with a pattern: the block's attention as SDPA over the
+    pattern's dense mask (what torch offers for a sparse pattern), the rest of the block
+    unchanged."""
+    if impl == "attn2d" or module.pattern is None:
+        yield
+        return
+    import torch.nn.functional as F
+
+    from .nn import _common as c
+
+    def attend(x):
+        q, k, v = module.query(x), module.key(x), module.value(x)
+        if module.pool_kv > 1:
+            k, v = F.max_pool2d(k, module.pool_kv), F.max_pool2d(v, module.pool_kv)
+        q, k, v = (c.map_to_grid_heads(t, module.heads) for t in (q, k, v))
+        mask = module.pattern.dense_mask(q.shape[2:4], k.shape[2:4], module.heads)
+        o = F.scaled_dot_product_attention(q.flatten(2, 3), k.flatten(2, 3), v.flatten(2, 3),
+                                           attn_mask=mask, scale=module.scale)
+        o = c.grid_heads_to_map(o.unflatten(2, q.shape[2:4]))
+        return module.out(o) if module.out is not None else o
+
+    module._attend = attend
+    try:
+        yield
+    finally:
+        del module._attend
 
 
 def _inputs(channels: int, res: int, batch: int, seed: int):
@@ -73,11 +112,12 @@ def _inputs(channels: int, res: int, batch: int, seed: int):
     return x, torch.randn(channels, res, res, generator=gen)
 
 
-def r1_step(impl: str, channels: int, res: int, batch: int = 1, seed: int = 0):
+def r1_step(impl: str, channels: int, res: int, batch: int = 1, seed: int = 0,
+            pattern: str = "global"):
     """(fn, module, x) for one R1 step in a process of its own (attn2d._probe): fn() returns
     the penalty."""
     _check_sizes(channels, res, 1)
-    module = make_block(channels, seed)
+    module = make_block(channels, seed, pattern)
     x, readout = _inputs(channels, res, batch, seed)
     x.requires_grad_()
     penalty = r1_penalty_fn(impl, module, readout)
@@ -96,29 +136,43 @@ def _check_sizes(channels: int, res: int, reps: int) -> None:
                          f"got {channels}")
 
 
-def run_case(channels: int, res: int, reps: int, with_memory: bool = True) -> dict:
+def check_agreement(fns, x: torch.Tensor) -> float:
+    """The relative difference of the two implementations' penalties on x; raises RuntimeError
+    past float32 noise (a peer that computes something else would make the timing meaningless)."""
+    values = [fn(x.detach().requires_grad_()).item() for fn in fns]
+    diff = abs(values[0] - values[1]) / max(abs(values[1]), 1e-30)
+    if not diff <= 1e-3:
+        raise RuntimeError(f"attn2d.bench_double_backward: the penalties disagree: {values}")
+    return diff
+
+
+def run_case(channels: int, res: int, reps: int, with_memory: bool = True,
+             pattern: str = "global") -> dict:
     _check_sizes(channels, res, reps)
     from .bench import paired_speedup, time_training_steps
 
-    module = make_block(channels)
+    module = make_block(channels, pattern=pattern)
     x, readout = _inputs(channels, res, 1, 0)
-    attn2d_run, math_run = time_training_steps(
-        [r1_penalty_fn(impl, module, readout) for impl in IMPLS], [x], reps)
-    row = {"channels": channels, "res": res, "queries": res * res,
+    fns = [r1_penalty_fn(impl, module, readout) for impl in IMPLS]
+    agreement = check_agreement(fns, x)
+    attn2d_run, math_run = time_training_steps(fns, [x], reps)
+    row = {"pattern": pattern, "heads": module.heads, "penalty_relative_difference": agreement,
+           "channels": channels, "res": res, "queries": res * res,
            "keys": (res // 2) * (res // 2), "reps": reps,
            "median_s": {"attn2d": attn2d_run["fwd_bwd_s"], "math": math_run["fwd_bwd_s"]},
            "speedup_median_of_ratios": paired_speedup(math_run, attn2d_run, "fwd_bwd"),
            "runs_s": {"attn2d": attn2d_run["fwd_bwd_runs_s"], "math": math_run["fwd_bwd_runs_s"]}}
     if with_memory:
         row["peak_bytes"] = {
-            impl: measure({"r1": True, "impl": impl, "channels": channels, "res": res},
-                          timeout=900)["peak_above_baseline_bytes"] for impl in IMPLS}
+            impl: measure({"r1": True, "impl": impl, "channels": channels, "res": res,
+                           "pattern": pattern}, timeout=900)["peak_above_baseline_bytes"] for impl in IMPLS}
     return row
 
 
 def run(resolutions=(64, 128), channels: int = 64, reps: int = 5,
-        with_memory: bool = True) -> list[dict]:
-    return [run_case(channels, res, reps, with_memory) for res in resolutions]
+        with_memory: bool = True, patterns=PATTERNS) -> list[dict]:
+    return [run_case(channels, res, reps, with_memory, pattern) for pattern in patterns
+            for res in resolutions]
 
 
 def machine_name() -> str:
@@ -150,13 +204,17 @@ def markdown(rows: list[dict], machine: str) -> str:
              f"SelfAttention2d, on {machine}, torch {torch.__version__}, "
              f"{torch.get_num_threads()} threads. attn2d and math interleaved rep by rep, the "
              "order reversed every other rep; medians of each side's own steps; the speed-up is "
-             "the median over reps of math's time over attn2d's in the same rep.", "",
-             "| map | queries x keys | attn2d median | math median | speed-up (median of "
-             "per-rep ratios) | attn2d peak | math peak |", "|---|---|---|---|---|---|---|"]
+             "the median over reps of math's time over attn2d's in the same rep; the math path "
+             "takes a pattern as its dense mask.", "",
+             "| block | map | queries x keys | attn2d median | math median | speed-up (median of "
+             "per-rep ratios) | attn2d peak | math peak |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         peak = r.get("peak_bytes", {})
+        block = "global" if r.get("pattern", "global") == "global" else \
+            f"YLG(8), {r.get('heads', 8)} heads"
         lines.append(
-            f"| {r['res']}x{r['res']} (C={r['channels']}) | {r['queries']:,} x {r['keys']:,} | "
+            f"| {block} | {r['res']}x{r['res']} (C={r['channels']}) | "
+            f"{r['queries']:,} x {r['keys']:,} | "
             f"{r['median_s']['attn2d']:.3f} s | {r['median_s']['math']:.3f} s | "
             f"{r['speedup_median_of_ratios']:.2f}x | "
             f"{format_bytes(peak['attn2d']) if peak else '-'} | "

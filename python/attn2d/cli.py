@@ -110,10 +110,12 @@ def _bench_double_backward(args) -> int:
 
     resolutions = (32,) if args.quick else (64, 128)
     rows = []
-    for res in resolutions:
-        print(f"R1 step at {res}x{res}: attn2d and the math path interleaved, {args.reps} reps",
-              flush=True)
-        rows.append(bench_double_backward.run_case(64, res, args.reps, not args.no_memory))
+    for pattern in bench_double_backward.PATTERNS:
+        for res in resolutions:
+            print(f"R1 step through a {pattern} block at {res}x{res}: attn2d and the math path "
+                  f"interleaved, {args.reps} reps", flush=True)
+            rows.append(bench_double_backward.run_case(64, res, args.reps, not args.no_memory,
+                                                       pattern))
     print(bench_double_backward.write(args.out, rows))
     return 0
 

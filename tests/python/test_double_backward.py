@@ -275,11 +275,36 @@ def test_bench_double_backward_writes_its_table(tmp_path):
     assert main(["bench", "--double-backward", "--quick", "--reps", "1", "--no-memory",
                  "--out", str(tmp_path)]) == 0
     text = (tmp_path / "bench_double_backward.md").read_text()
-    assert "| 32x32 (C=64) | 1,024 x 256 |" in text
+    assert "| global | 32x32 (C=64) | 1,024 x 256 |" in text
+    assert "| YLG(8), 8 heads | 32x32 (C=64) | 1,024 x 256 |" in text
     import json
 
-    row = json.loads((tmp_path / "bench_double_backward.json").read_text())["rows"][0]
-    assert row["speedup_median_of_ratios"] > 0 and set(row["median_s"]) == {"attn2d", "math"}
+    rows = json.loads((tmp_path / "bench_double_backward.json").read_text())["rows"]
+    assert [r["pattern"] for r in rows] == ["global", "ylg"]
+    for row in rows:
+        assert row["speedup_median_of_ratios"] > 0 and set(row["median_s"]) == {"attn2d", "math"}
+        assert row["penalty_relative_difference"] <= 1e-3
+
+
+def test_bench_double_backward_peer_attends_through_the_patterns_dense_mask():
+    """The math peer of a YLG block computes the same penalty as attn2d, and not global
+    attention's: the dense mask is what it differs by."""
+    from attn2d import bench_double_backward as bdb
+
+    module = bdb.make_block(64, pattern="ylg").double()
+    x = torch.randn(1, 64, 8, 8, dtype=torch.float64)
+    readout = torch.randn(64, 8, 8, dtype=torch.float64)
+    ours, peer = (bdb.r1_penalty_fn(impl, module, readout) for impl in bdb.IMPLS)
+    assert bdb.check_agreement([ours, peer], x) <= 1e-12
+    pattern = module.pattern
+    module.set_pattern(None)
+    global_value = float(ours(x.clone().requires_grad_()))
+    module.set_pattern(pattern)
+    assert abs(global_value - float(peer(x.clone().requires_grad_()))) > 1e-6 * abs(global_value)
+    with pytest.raises(RuntimeError, match="disagree"):
+        bdb.check_agreement([ours, lambda t: 2 * peer(t)], x)
+    with pytest.raises(ValueError, match="pattern must be one of"):
+        bdb.make_block(64, pattern="window")
 
 
 def test_bench_double_backward_refuses_cuda_and_patterns(capsys):
