@@ -67,8 +67,10 @@ def r1_penalty_fn(impl: str, module: torch.nn.Module, readout: torch.Tensor):
         raise ValueError(f"attn2d.bench_double_backward: impl must be one of {IMPLS}; got "
                          f"{impl!r}")
 
+    masks = {}
+
     def fn(x):
-        with _context(impl), _dense_mask_peer(impl, module):
+        with _context(impl), _dense_mask_peer(impl, module, masks):
             score = (module(x) * readout).sum()
             grad_x, = torch.autograd.grad(score, (x,), create_graph=True)
             return grad_x.square().sum()
@@ -77,10 +79,11 @@ def r1_penalty_fn(impl: str, module: torch.nn.Module, readout: torch.Tensor):
 
 
 @contextlib.contextmanager
-def _dense_mask_peer(impl: str, module: torch.nn.Module):
+def _dense_mask_peer(impl: str, module: torch.nn.Module, masks: dict):
     """For the math peer of a block with a pattern: the block's attention as SDPA over the
     pattern's dense mask (what torch offers for a sparse pattern), the rest of the block
-    unchanged."""
+    unchanged. `masks` keeps the masks built, by grid, so that steps do not time building
+    them."""
     if impl == "attn2d" or module.pattern is None:
         yield
         return
@@ -93,17 +96,24 @@ def _dense_mask_peer(impl: str, module: torch.nn.Module):
         if module.pool_kv > 1:
             k, v = F.max_pool2d(k, module.pool_kv), F.max_pool2d(v, module.pool_kv)
         q, k, v = (c.map_to_grid_heads(t, module.heads) for t in (q, k, v))
-        mask = module.pattern.dense_mask(q.shape[2:4], k.shape[2:4], module.heads)
+        grids = (module.pattern, tuple(q.shape[2:4]), tuple(k.shape[2:4]))
+        if grids not in masks:
+            masks[grids] = module.pattern.dense_mask(grids[1], grids[2], module.heads)
+        mask = masks[grids]
         o = F.scaled_dot_product_attention(q.flatten(2, 3), k.flatten(2, 3), v.flatten(2, 3),
                                            attn_mask=mask, scale=module.scale)
         o = c.grid_heads_to_map(o.unflatten(2, q.shape[2:4]))
         return module.out(o) if module.out is not None else o
 
+    own = module.__dict__.get("_attend")
     module._attend = attend
     try:
         yield
     finally:
-        del module._attend
+        if own is None:
+            del module._attend
+        else:
+            module._attend = own
 
 
 def _inputs(channels: int, res: int, batch: int, seed: int):

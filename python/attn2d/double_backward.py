@@ -32,7 +32,7 @@ from typing import Iterator, NamedTuple, Optional
 
 import torch
 
-# One group's (rows x Lk) blocks, all heads and images together: about ten live at once.
+# One group's (rows x keys) blocks, all heads and images together: about ten live at once.
 GROUP_BYTES = 16 << 20
 
 
@@ -87,16 +87,23 @@ def window_groups(q: torch.Tensor, k: torch.Tensor, offsets: torch.Tensor, heigh
     """Row groups of a window on one (height, width) grid given by its (2, count) offsets:
     query (i, j) sees key (i + di, j + dj) where that lies on the grid. A group of whole map
     rows sees the band of key rows its offsets reach, not every key."""
-    B, H, Lq, _ = q.shape
+    B, H = q.shape[:2]
     di, dj = (offsets[0].long().to(q.device), offsets[1].long().to(q.device))
-    lo, hi = (int(di.min()), int(di.max())) if di.numel() else (0, -1)
-    band_rows = max(hi - lo + 1, 1)
-    map_rows = max(1, _group_rows(Lq, B * H, 2 * band_rows * width) // width)
+    if di.numel() == 0:  # no offsets: no pairs, every second derivative is 0
+        return
+    lo, hi = int(di.min()), int(di.max())
+    # m map rows see m + hi - lo key rows: the most rows whose blocks fit GROUP_BYTES.
+    per_row_pair = B * H * width * width * 4 * 10
+    map_rows = 1
+    while map_rows < height and \
+            (map_rows + 1) * (map_rows + 1 + hi - lo) * per_row_pair <= GROUP_BYTES:
+        map_rows += 1
     for i0 in range(0, height, map_rows):
         i1 = min(i0 + map_rows, height)
-        rows = torch.arange(i0 * width, i1 * width, device=q.device)
         k0, k1 = max(0, i0 + lo), min(height, i1 + hi)  # key rows [k0, k1)
-        k1 = max(k1, k0)
+        if k1 <= k0:  # the offsets reach past the map from every row: no pairs
+            continue
+        rows = torch.arange(i0 * width, i1 * width, device=q.device)
         ki = (rows // width)[:, None] + di[None, :]
         kj = (rows % width)[:, None] + dj[None, :]
         inside = (ki >= 0) & (ki < height) & (kj >= 0) & (kj < width)
@@ -112,6 +119,8 @@ def layout_groups(q: torch.Tensor, k: torch.Tensor, layout) -> Iterator[RowGroup
     kinds, the heads that use it and groups of its query tiles, each tile with the keys of the
     key tiles it visits, so the work is the layout's visited pairs, not every key. Tiles are
     grouped by their number of visits, which bounds the padding."""
+    # Decoded on the CPU: the Triton path keeps its layouts on the GPU.
+    layout = [t.cpu() for t in layout]
     head_layout, q_begin, _, q_tiles, k_tiles, visit_begin, visit_tile, visit_mask = layout[:8]
     masks = layout[11]
     B = q.shape[0]
@@ -120,7 +129,7 @@ def layout_groups(q: torch.Tensor, k: torch.Tensor, layout) -> Iterator[RowGroup
     columns = torch.arange(tile_k, dtype=torch.int64)
     counts = visit_begin.diff().long()
     for kind in range(q_begin.numel() - 1):
-        heads = torch.nonzero(head_layout.to(device) == kind).flatten()
+        heads = torch.nonzero(head_layout == kind).flatten()
         if heads.numel() == 0:
             continue
         first, last = int(q_begin[kind]), int(q_begin[kind + 1])
@@ -143,7 +152,7 @@ def layout_groups(q: torch.Tensor, k: torch.Tensor, layout) -> Iterator[RowGroup
                 rows = q_tiles[tiles].long()  # (T, tile)
                 bits &= (keys >= 0)[:, :, None, :] & (rows >= 0)[:, None, :, None]
                 allowed = bits.permute(0, 2, 1, 3).flatten(2)  # (T, tile, count * tile_k)
-                yield RowGroup(heads, rows.to(device), keys.flatten(1).to(device),
+                yield RowGroup(heads.to(device), rows.to(device), keys.flatten(1).to(device),
                                allowed.to(device), None)
 
 
@@ -180,23 +189,22 @@ def _double_backward(groups, q, k, v, grad_out, grad_dq, grad_dk, grad_dv, scale
     u_, w_, z_ = (rows_contiguous(t) for t in (grad_dq, grad_dk, grad_dv))
     g_q, g_k = torch.zeros_like(q_), torch.zeros_like(k_)
     g_v, g_do = torch.zeros_like(v_), torch.zeros_like(do_)
-    padded = {}  # per input and heads: a zero row appended for the -1 past a tile's end
 
-    def gather(name, t, heads, index):
-        key = (name, tuple(heads.tolist()) if isinstance(heads, torch.Tensor) else None)
-        if key not in padded:
-            some = t[:, heads] if isinstance(heads, torch.Tensor) else t
-            padded[key] = torch.cat([some, some.new_zeros(*some.shape[:2], 1, some.shape[3])], 2)
-        return padded[key][:, :, torch.where(index >= 0, index, t.shape[2])]
+    def gather(t, heads, index):
+        # The -1 past a tile's end reads row 0: its pairs are masked and its results dropped.
+        index = index.clamp(min=0)
+        if isinstance(heads, torch.Tensor):
+            return t[:, heads[:, None, None], index[None]]
+        return t[:, heads][:, :, index]
 
     for group in groups:
         h, rows, keys = group.heads, group.rows, group.keys
         if rows.dim() == 2:  # tiles: rows (T, R) and keys (T, K)
-            qb, dob = gather("q", q_, h, rows), gather("do", do_, h, rows)
-            kb, vb = gather("k", k_, h, keys), gather("v", v_, h, keys)
-            ub = None if u_ is None else gather("u", u_, h, rows)
-            wb = None if w_ is None else gather("w", w_, h, keys)
-            zb = None if z_ is None else gather("z", z_, h, keys)
+            qb, dob = gather(q_, h, rows), gather(do_, h, rows)
+            kb, vb = gather(k_, h, keys), gather(v_, h, keys)
+            ub = None if u_ is None else gather(u_, h, rows)
+            wb = None if w_ is None else gather(w_, h, keys)
+            zb = None if z_ is None else gather(z_, h, keys)
         else:
             key_range = slice(None) if keys is None else keys
             qb, dob = _rows(q_, h, rows), _rows(do_, h, rows)
@@ -302,10 +310,11 @@ def _scatter_tiles(target: torch.Tensor, heads, rows: torch.Tensor, value: torch
 
 
 def _add_tiles(target: torch.Tensor, heads, keys: torch.Tensor, value: torch.Tensor):
-    """target[:, heads, keys] += value, summing over the tiles that share a key, skipping -1."""
+    """target[:, heads, keys] += value, summing over the tiles that share a key, skipping -1;
+    target is contiguous (B, H, Lk, E)."""
+    B, H, Lk, E = target.shape
     h = _heads_index(target, heads)
     flat = keys.flatten()
     valid = flat >= 0
-    sums = target.new_zeros(target.shape[0], h.numel(), target.shape[2], target.shape[3])
-    sums.index_add_(2, flat[valid], value.flatten(2, 3)[:, :, valid])
-    target[:, h] += sums
+    index = (h[:, None] * Lk + flat[valid][None, :]).flatten()
+    target.view(B, H * Lk, E).index_add_(1, index, value.flatten(2, 3)[:, :, valid].flatten(1, 2))

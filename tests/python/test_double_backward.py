@@ -220,6 +220,31 @@ def test_penalty_gradients_of_a_pattern_match_its_dense_mask(monkeypatch, small_
         assert (got[0][:, dead] == 0).all()
 
 
+@pytest.mark.parametrize("offsets", [[[0, 1, -2], [0, -1, 1]], [[1], [0]], [[3, 4], [0, 2]],
+                                     [[], []]], ids=["both sides", "one below", "beyond the map",
+                                                     "none"])
+def test_window_bands_match_the_windows_dense_mask(monkeypatch, offsets):
+    """window_groups' bands of key rows against dense_groups under the same pairs as a mask,
+    one map row a group, including offsets that reach past the map from every row."""
+    from attn2d import double_backward as db
+
+    monkeypatch.setattr(db, "GROUP_BYTES", 1)
+    height, width = 4, 5
+    off = torch.tensor(offsets, dtype=torch.int32).view(2, -1)
+    qi, qj = torch.arange(20).div(width, rounding_mode="floor"), torch.arange(20) % width
+    ki, kj = qi, qj
+    mask = torch.zeros(20, 20, dtype=torch.bool)
+    for di, dj in off.t().tolist():
+        mask |= (ki[None, :] == qi[:, None] + di) & (kj[None, :] == qj[:, None] + dj)
+    q, k, v, do, u, w, z = (torch.randn(2, 2, 20, d, dtype=torch.float64)
+                            for d in (3, 3, 4, 4, 3, 3, 4))
+    args = (q, k, v, do, u, w, z, 0.5)
+    got = db.attention_double_backward(db.window_groups(q, k, off, height, width), *args)
+    want = db.attention_double_backward(db.dense_groups(q, k, mask, False), *args)
+    for a, b in zip(got, want):
+        assert max_err(a, b) <= 1e-12
+
+
 def _r1_grads(module, x):
     """An R1 step: the penalty |d D(x) / dx|^2 on a module's output, backpropagated to the
     weights and the input."""
@@ -298,9 +323,9 @@ def test_bench_double_backward_peer_attends_through_the_patterns_dense_mask():
     assert bdb.check_agreement([ours, peer], x) <= 1e-12
     pattern = module.pattern
     module.set_pattern(None)
-    global_value = float(ours(x.clone().requires_grad_()))
+    global_value = ours(x.clone().requires_grad_()).item()
     module.set_pattern(pattern)
-    assert abs(global_value - float(peer(x.clone().requires_grad_()))) > 1e-6 * abs(global_value)
+    assert abs(global_value - peer(x.clone().requires_grad_()).item()) > 1e-6 * abs(global_value)
     with pytest.raises(RuntimeError, match="disagree"):
         bdb.check_agreement([ours, lambda t: 2 * peer(t)], x)
     with pytest.raises(ValueError, match="pattern must be one of"):
