@@ -173,9 +173,15 @@ def run_case(channels: int, res: int, reps: int, with_memory: bool = True,
            "speedup_median_of_ratios": paired_speedup(math_run, attn2d_run, "fwd_bwd"),
            "runs_s": {"attn2d": attn2d_run["fwd_bwd_runs_s"], "math": math_run["fwd_bwd_runs_s"]}}
     if with_memory:
-        row["peak_bytes"] = {
-            impl: measure({"r1": True, "impl": impl, "channels": channels, "res": res,
-                           "pattern": pattern}, timeout=900)["peak_above_baseline_bytes"] for impl in IMPLS}
+        row["peak_bytes"], row["peak_failed"] = {}, {}
+        for impl in IMPLS:
+            try:
+                row["peak_bytes"][impl] = measure(
+                    {"r1": True, "impl": impl, "channels": channels, "res": res,
+                     "pattern": pattern}, timeout=900)["peak_above_baseline_bytes"]
+            except RuntimeError as e:  # e.g. the kernel's OOM killer: the step did not fit
+                row["peak_bytes"][impl] = None
+                row["peak_failed"][impl] = str(e).splitlines()[0]
     return row
 
 
@@ -219,7 +225,6 @@ def markdown(rows: list[dict], machine: str) -> str:
              "| block | map | queries x keys | attn2d median | math median | speed-up (median of "
              "per-rep ratios) | attn2d peak | math peak |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        peak = r.get("peak_bytes", {})
         block = "global" if r.get("pattern", "global") == "global" else \
             f"YLG(8), {r.get('heads', 8)} heads"
         lines.append(
@@ -227,6 +232,15 @@ def markdown(rows: list[dict], machine: str) -> str:
             f"{r['queries']:,} x {r['keys']:,} | "
             f"{r['median_s']['attn2d']:.3f} s | {r['median_s']['math']:.3f} s | "
             f"{r['speedup_median_of_ratios']:.2f}x | "
-            f"{format_bytes(peak['attn2d']) if peak else '-'} | "
-            f"{format_bytes(peak['math']) if peak else '-'} |")
+            f"{_peak_cell(r, 'attn2d')} | {_peak_cell(r, 'math')} |")
     return "\n".join(lines) + "\n"
+
+
+def _peak_cell(row: dict, impl: str) -> str:
+    peak = row.get("peak_bytes", {})
+    if impl not in peak:
+        return "-"
+    if peak[impl] is None:
+        failed = row.get("peak_failed", {}).get(impl, "")
+        return "killed (out of memory)" if "exit -9" in failed else "failed"
+    return format_bytes(peak[impl])

@@ -337,3 +337,18 @@ def test_bench_double_backward_refuses_cuda_and_patterns(capsys):
 
     assert main(["bench", "--double-backward", "--patterns"]) == 2
     assert "--double-backward" in capsys.readouterr().err
+
+
+def test_bench_double_backward_records_a_peer_that_runs_out_of_memory(monkeypatch):
+    from attn2d import bench_double_backward as bdb
+
+    def measure(case, timeout=None):
+        if case["impl"] == "math":
+            raise RuntimeError(f"attn2d probe failed (exit -9) for {case}:\n")
+        return {"peak_above_baseline_bytes": 3 << 20}
+
+    monkeypatch.setattr(bdb, "measure", measure)
+    row = bdb.run_case(64, 8, reps=1, pattern="ylg")
+    assert row["peak_bytes"] == {"attn2d": 3 << 20, "math": None}
+    assert "exit -9" in row["peak_failed"]["math"]
+    assert "| 3.0 MiB | killed (out of memory) |" in bdb.markdown([row], "m")
