@@ -80,40 +80,29 @@ def r1_penalty_fn(impl: str, module: torch.nn.Module, readout: torch.Tensor):
 
 @contextlib.contextmanager
 def _dense_mask_peer(impl: str, module: torch.nn.Module, masks: dict):
-    """For the math peer of a block with a pattern: the block's attention as SDPA over the
+    """For the math peer of a block with a pattern: the block's attention call as SDPA over the
     pattern's dense mask (what torch offers for a sparse pattern), the rest of the block
     unchanged. `masks` keeps the masks built, by grid, so that steps do not time building
     them."""
     if impl == "attn2d" or module.pattern is None:
         yield
         return
+    from unittest import mock
+
     import torch.nn.functional as F
 
-    from .nn import _common as c
+    from .nn import self_attention2d
 
-    def attend(x):
-        q, k, v = module.query(x), module.key(x), module.value(x)
-        if module.pool_kv > 1:
-            k, v = F.max_pool2d(k, module.pool_kv), F.max_pool2d(v, module.pool_kv)
-        q, k, v = (c.map_to_grid_heads(t, module.heads) for t in (q, k, v))
-        grids = (module.pattern, tuple(q.shape[2:4]), tuple(k.shape[2:4]))
+    def dense_attention2d(q, k, v, pattern, scale):
+        grids = (pattern, tuple(q.shape[2:4]), tuple(k.shape[2:4]))
         if grids not in masks:
-            masks[grids] = module.pattern.dense_mask(grids[1], grids[2], module.heads)
-        mask = masks[grids]
+            masks[grids] = pattern.dense_mask(grids[1], grids[2], q.shape[1])
         o = F.scaled_dot_product_attention(q.flatten(2, 3), k.flatten(2, 3), v.flatten(2, 3),
-                                           attn_mask=mask, scale=module.scale)
-        o = c.grid_heads_to_map(o.unflatten(2, q.shape[2:4]))
-        return module.out(o) if module.out is not None else o
+                                           attn_mask=masks[grids], scale=scale)
+        return o.unflatten(2, q.shape[2:4])
 
-    own = module.__dict__.get("_attend")
-    module._attend = attend
-    try:
+    with mock.patch.object(self_attention2d, "attention2d", dense_attention2d):
         yield
-    finally:
-        if own is None:
-            del module._attend
-        else:
-            module._attend = own
 
 
 def _inputs(channels: int, res: int, batch: int, seed: int):
@@ -185,10 +174,16 @@ def run_case(channels: int, res: int, reps: int, with_memory: bool = True,
     return row
 
 
-def run(resolutions=(64, 128), channels: int = 64, reps: int = 5,
-        with_memory: bool = True, patterns=PATTERNS) -> list[dict]:
-    return [run_case(channels, res, reps, with_memory, pattern) for pattern in patterns
-            for res in resolutions]
+def run(resolutions=(64, 128), channels: int = 64, reps: int = 5, with_memory: bool = True,
+        patterns=PATTERNS, log=lambda line: None) -> list[dict]:
+    """run_case for every pattern and resolution, each announced through `log`."""
+    rows = []
+    for pattern in patterns:
+        for res in resolutions:
+            log(f"R1 step through a {pattern} block at {res}x{res}: attn2d and the math path "
+                f"interleaved, {reps} reps")
+            rows.append(run_case(channels, res, reps, with_memory, pattern))
+    return rows
 
 
 def machine_name() -> str:

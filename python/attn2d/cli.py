@@ -109,13 +109,8 @@ def _bench_double_backward(args) -> int:
     from . import bench_double_backward
 
     resolutions = (32,) if args.quick else (64, 128)
-    rows = []
-    for pattern in bench_double_backward.PATTERNS:
-        for res in resolutions:
-            print(f"R1 step through a {pattern} block at {res}x{res}: attn2d and the math path "
-                  f"interleaved, {args.reps} reps", flush=True)
-            rows.append(bench_double_backward.run_case(64, res, args.reps, not args.no_memory,
-                                                       pattern))
+    rows = bench_double_backward.run(resolutions, 64, args.reps, not args.no_memory,
+                                     log=lambda line: print(line, flush=True))
     print(bench_double_backward.write(args.out, rows))
     return 0
 

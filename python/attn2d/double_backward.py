@@ -39,8 +39,8 @@ GROUP_BYTES = 16 << 20
 class RowGroup(NamedTuple):
     """Query rows of some heads and the keys they may see.
 
-    heads: an index tensor or a slice. rows: (R,) long raster rows, or (T, R) for T tiles of
-    rows, -1 past a tile's end. keys: None for every key, a slice of keys every row may see,
+    heads: slice(None) (every head) with (R,) rows, or a long index tensor of heads with (T, R)
+    rows for T tiles. rows: long raster rows, -1 past a tile's end. keys: None for every key, a slice of keys every row may see,
     or (T, K) long key indices per tile, -1 for none. allowed: a bool mask broadcastable to
     the (R, keys) scores, or (T, R, K) for tiles, or None for all; additive: a float mask
     broadcastable to (B, heads, R, keys), or None."""
@@ -192,10 +192,7 @@ def _double_backward(groups, q, k, v, grad_out, grad_dq, grad_dk, grad_dv, scale
 
     def gather(t, heads, index):
         # The -1 past a tile's end reads row 0: its pairs are masked and its results dropped.
-        index = index.clamp(min=0)
-        if isinstance(heads, torch.Tensor):
-            return t[:, heads[:, None, None], index[None]]
-        return t[:, heads][:, :, index]
+        return t[:, heads[:, None, None], index.clamp(min=0)[None]]
 
     for group in groups:
         h, rows, keys = group.heads, group.rows, group.keys
@@ -207,31 +204,24 @@ def _double_backward(groups, q, k, v, grad_out, grad_dq, grad_dk, grad_dv, scale
             zb = None if z_ is None else gather(z_, h, keys)
         else:
             key_range = slice(None) if keys is None else keys
-            qb, dob = _rows(q_, h, rows), _rows(do_, h, rows)
-            kb, vb = k_[:, h, key_range], v_[:, h, key_range]
-            ub = None if u_ is None else _rows(u_, h, rows)
-            wb = None if w_ is None else w_[:, h, key_range]
-            zb = None if z_ is None else z_[:, h, key_range]
-        additive, allowed = group.additive, group.allowed
-        if additive is not None and additive.dim() == 4 and isinstance(h, torch.Tensor) and \
-                additive.shape[1] != 1:
-            additive = additive[:, h]
-        if allowed is not None and allowed.dim() == 4 and isinstance(h, torch.Tensor) and \
-                allowed.shape[1] != 1:
-            allowed = allowed[:, h]
-        gq, gk, gv, gdo = _block_grads(qb, kb, vb, dob, ub, wb, zb, allowed, additive, scale,
-                                       acc)
+            qb, dob = _rows(q_, rows), _rows(do_, rows)
+            kb, vb = k_[:, :, key_range], v_[:, :, key_range]
+            ub = None if u_ is None else _rows(u_, rows)
+            wb = None if w_ is None else w_[:, :, key_range]
+            zb = None if z_ is None else z_[:, :, key_range]
+        gq, gk, gv, gdo = _block_grads(qb, kb, vb, dob, ub, wb, zb, group.allowed,
+                                       group.additive, scale, acc)
         if rows.dim() == 2:
             _scatter_tiles(g_q, h, rows, gq)
             _scatter_tiles(g_do, h, rows, gdo)
             _add_tiles(g_k, h, keys, gk)
             _add_tiles(g_v, h, keys, gv)
         else:
-            _scatter_rows(g_q, h, rows, gq)
-            _scatter_rows(g_do, h, rows, gdo)
+            g_q[:, :, rows] = gq
+            g_do[:, :, rows] = gdo
             key_range = slice(None) if keys is None else keys
-            g_k[:, h, key_range] += gk
-            g_v[:, h, key_range] += gv
+            g_k[:, :, key_range] += gk
+            g_v[:, :, key_range] += gv
     return (g_q.to(q.dtype), g_k.to(k.dtype), g_v.to(v.dtype), g_do.to(grad_out.dtype))
 
 
@@ -279,42 +269,25 @@ def _block_grads(qb, kb, vb, dob, ub, wb, zb, allowed, additive, scale: float, a
     return gq * scale, gk * scale, gv, gdo
 
 
-def _rows(t: torch.Tensor, heads, rows: torch.Tensor) -> torch.Tensor:
-    if isinstance(heads, slice):
-        first, count = int(rows[0]), rows.numel()
-        if int(rows[-1]) == first + count - 1:  # a run of rows: a view, no gather
-            return t[:, :, first:first + count]
-        return t[:, :, rows]
-    return t[:, heads][:, :, rows]
-
-
-def _scatter_rows(target: torch.Tensor, heads, rows: torch.Tensor, value: torch.Tensor):
-    if isinstance(heads, slice):
-        target[:, :, rows] = value
-    else:
-        target[:, heads[:, None], rows[None, :]] = value
-
-
-def _heads_index(target: torch.Tensor, heads) -> torch.Tensor:
-    if isinstance(heads, slice):
-        return torch.arange(target.shape[1], device=target.device)[heads]
-    return heads
+def _rows(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    first, count = int(rows[0]), rows.numel()
+    if int(rows[-1]) == first + count - 1:  # a run of rows: a view, no gather
+        return t[:, :, first:first + count]
+    return t[:, :, rows]
 
 
 def _scatter_tiles(target: torch.Tensor, heads, rows: torch.Tensor, value: torch.Tensor):
     """target[:, heads, rows] = value for tiles (each row in at most one tile of a group),
     skipping the -1 past a tile's end."""
     valid = rows.flatten() >= 0
-    h = _heads_index(target, heads)
-    target[:, h[:, None], rows.flatten()[valid][None, :]] = value.flatten(2, 3)[:, :, valid]
+    target[:, heads[:, None], rows.flatten()[valid][None, :]] = value.flatten(2, 3)[:, :, valid]
 
 
 def _add_tiles(target: torch.Tensor, heads, keys: torch.Tensor, value: torch.Tensor):
     """target[:, heads, keys] += value, summing over the tiles that share a key, skipping -1;
     target is contiguous (B, H, Lk, E)."""
     B, H, Lk, E = target.shape
-    h = _heads_index(target, heads)
     flat = keys.flatten()
     valid = flat >= 0
-    index = (h[:, None] * Lk + flat[valid][None, :]).flatten()
+    index = (heads[:, None] * Lk + flat[valid][None, :]).flatten()
     target.view(B, H * Lk, E).index_add_(1, index, value.flatten(2, 3)[:, :, valid].flatten(1, 2))
