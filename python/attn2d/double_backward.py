@@ -40,10 +40,10 @@ class RowGroup(NamedTuple):
     """Query rows of some heads and the keys they may see.
 
     heads: slice(None) (every head) with (R,) rows, or a long index tensor of heads with (T, R)
-    rows for T tiles. rows: long raster rows, -1 past a tile's end. keys: None for every key, a slice of keys every row may see,
-    or (T, K) long key indices per tile, -1 for none. allowed: a bool mask broadcastable to
-    the (R, keys) scores, or (T, R, K) for tiles, or None for all; additive: a float mask
-    broadcastable to (B, heads, R, keys), or None."""
+    rows for T tiles. rows: long raster rows, -1 past a tile's end. keys: None for every key, a
+    slice of keys every row may see, or (T, K) long key indices per tile, -1 for none.
+    allowed: a bool mask broadcastable to the (R, keys) scores, or (T, R, K) for tiles, or None
+    for all; additive: a float mask broadcastable to (B, heads, R, keys), or None."""
 
     heads: object
     rows: torch.Tensor

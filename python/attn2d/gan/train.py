@@ -352,8 +352,8 @@ def train_variant(cfg: TrainConfig, log: Callable[[str], None] = print,
     result.json (and budget.json for a budget) under cfg.run_dir(), return the result.
 
     `clock` times the training steps (the budget's clock) and the evaluations: by default the
-    one cfg.clock names; tests pass a fake one. A run stopped by cfg.pause_after_minutes returns with "paused": True and no final
-    evaluation; --resume continues it."""
+    one cfg.clock names; tests pass a fake one. A run stopped by cfg.pause_after_minutes
+    returns with "paused": True and no final evaluation; --resume continues it."""
     cfg.check()
     if clock is None:
         clock = CLOCKS[cfg.clock]
@@ -590,7 +590,8 @@ def train_variant(cfg: TrainConfig, log: Callable[[str], None] = print,
             history.append({"step": step, "d_loss": d_loss.item(), "g_loss": g_loss.item(),
                             **penalties})
         if rank == 0 and (step % cfg.sample_every == 0 or last):
-            save_grid(generate(G, 64, gcfg.z_dim, seed=cfg.seed + 7), out / f"samples_{step:06d}.png")
+            save_grid(generate(G, 64, gcfg.z_dim, seed=cfg.seed + 7),
+                      out / f"samples_{step:06d}.png")
         if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
             value = None
             train_peak = max(train_peak, peak.read())
