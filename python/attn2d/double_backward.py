@@ -39,13 +39,13 @@ GROUP_BYTES = 16 << 20
 class RowGroup(NamedTuple):
     """Query rows of some heads and the keys they may see.
 
-    heads: slice(None) (every head) with (R,) rows, or a long index tensor of heads with (T, R)
-    rows for T tiles. rows: long raster rows, -1 past a tile's end. keys: None for every key, a
+    heads: None (every head) with (R,) rows, or a long index tensor of heads with (T, R) rows
+    for T tiles. rows: long raster rows, -1 past a tile's end. keys: None for every key, a
     slice of keys every row may see, or (T, K) long key indices per tile, -1 for none.
     allowed: a bool mask broadcastable to the (R, keys) scores, or (T, R, K) for tiles, or None
     for all; additive: a float mask broadcastable to (B, heads, R, keys), or None."""
 
-    heads: object
+    heads: Optional[torch.Tensor]
     rows: torch.Tensor
     keys: object
     allowed: Optional[torch.Tensor]
@@ -79,7 +79,7 @@ def dense_groups(q: torch.Tensor, k: torch.Tensor, attn_mask: Optional[torch.Ten
                 allowed = block if allowed is None else allowed & block
             else:
                 additive = block
-        yield RowGroup(slice(None), rows, None, allowed, additive)
+        yield RowGroup(None, rows, None, allowed, additive)
 
 
 def window_groups(q: torch.Tensor, k: torch.Tensor, offsets: torch.Tensor, height: int,
@@ -111,7 +111,7 @@ def window_groups(q: torch.Tensor, k: torch.Tensor, offsets: torch.Tensor, heigh
                               device=q.device)
         local = torch.arange(rows.numel(), device=q.device)[:, None].expand_as(ki)
         allowed[local[inside], ((ki - k0) * width + kj)[inside]] = True
-        yield RowGroup(slice(None), rows, slice(k0 * width, k1 * width), allowed, None)
+        yield RowGroup(None, rows, slice(k0 * width, k1 * width), allowed, None)
 
 
 def layout_groups(q: torch.Tensor, k: torch.Tensor, layout) -> Iterator[RowGroup]:
