@@ -247,6 +247,15 @@ __attribute__((target("avx512bf16"))) inline float ExpShiftSumToPairs(float* HWY
 // Row w is written after float rows 2w and 2w + 1 (and row w itself, read earlier) were read,
 // and each 16 columns are read before they are written. Rounded to nearest even, one pass where
 // the exp, dS = P (dP - D) and three conversions to pairs would each read the tiles again.
+// Two rows of 16 floats rounded to bf16 and interleaved into 16 pair words, lo in the low halves.
+// A function of its own, not a lambda: Clang does not extend a function's target attribute to
+// the lambdas inside it, and a target without AVX512-BF16 then cannot inline the conversion.
+__attribute__((target("avx512bf16"))) inline __m512i PairRows(__m512 lo, __m512 hi) {
+  const __m512i l = _mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(lo)));
+  const __m512i h = _mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(hi)));
+  return _mm512_or_si512(l, _mm512_slli_epi32(h, 16));
+}
+
 __attribute__((target("avx512bf16"))) inline void PairedProbabilitiesAndScoreGrad(
     size_t rows, size_t cols_pad, size_t ld, float* HWY_RESTRICT s, float* HWY_RESTRICT dp,
     const float* lse, const float* delta, float scale, std::uint32_t* HWY_RESTRICT ds2,
@@ -263,11 +272,6 @@ __attribute__((target("avx512bf16"))) inline void PairedProbabilitiesAndScoreGra
     *p = Bf16SoftmaxExp(d, hn::Sub(hn::LoadU(d, s + r * ld + c), hn::Set(d, lse[r])));
     *ds = hn::Mul(*p, hn::Sub(hn::LoadU(d, dp + r * ld + c), hn::Set(d, delta[r])));
   };
-  auto pair_rows = [](hn::Vec<decltype(d)> lo, hn::Vec<decltype(d)> hi) {
-    const __m512i l = _mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(lo.raw)));
-    const __m512i h = _mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(hi.raw)));
-    return _mm512_or_si512(l, _mm512_slli_epi32(h, 16));
-  };
   for (size_t w = 0; 2 * w < rows; ++w) {
     const size_t r0 = 2 * w, r1 = 2 * w + 1;
     for (size_t c = 0; c < cols_pad; c += 16) {
@@ -283,9 +287,9 @@ __attribute__((target("avx512bf16"))) inline void PairedProbabilitiesAndScoreGra
         }
       }
       if (key_grads) {
-        _mm512_storeu_si512(s + w * ld + c, pair_rows(p0, p1));
+        _mm512_storeu_si512(s + w * ld + c, PairRows(p0.raw, p1.raw));
         _mm512_storeu_si512(ds2 + w * ld + c,
-                            pair_rows(hn::Mul(ds0, vscale), hn::Mul(ds1, vscale)));
+                            PairRows(hn::Mul(ds0, vscale).raw, hn::Mul(ds1, vscale).raw));
       }
     }
   }
